@@ -1,0 +1,29 @@
+# Two entry points that work on a fresh machine: `make export` and `make test`.
+# Both create .venv on first use (torch==2.13.0 first, then the project and its tools).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.aitune-installed
+
+.PHONY: venv export test test-fast clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_system_deps.sh
+	./scripts/bootstrap.sh $(VENV) $(PYTHON)
+	touch $@
+
+# The main job on the bundled example: tune it and publish ./model_repository/cnn.
+export: venv
+	$(BIN)/aitune-export export --overwrite $(ARGS)
+
+# The whole test suite (real exporters, a real tritonserver and perf_analyzer included).
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Only the tests that build nothing and start no server.
+test-fast: venv
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) model_repository aitune-reports .pytest_cache

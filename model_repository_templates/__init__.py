@@ -1,0 +1,1 @@
+"""Jinja2 templates of config.pbtxt, one per Triton platform, with shared partials (shipped in the package)."""

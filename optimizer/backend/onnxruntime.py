@@ -1,0 +1,122 @@
+"""ONNX Runtime (`onnxruntime_onnx`, model.onnx): dynamo export, CPU or CUDA execution provider."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores, device_kind
+from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
+from optimizer.model.onnx_graph import onnx_io_names
+from optimizer.errors import BackendError
+from optimizer.model.samples import Feed
+from optimizer.model.signature import Signature
+
+if TYPE_CHECKING:
+    from optimizer.model.source import LoadedModel
+
+_PROVIDER_FOR = MappingProxyType({"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"})
+
+# Triton's onnxruntime backend spells graph levels its own way (onnxruntime_backend README):
+# unset = all optimizations, -1 = basic, 1 = basic + extended, 2 = none.
+_TRITON_GRAPH_LEVEL = MappingProxyType({"all": None, "basic": -1, "extended": 1, "disabled": 2})
+
+
+class OnnxRuntimeBackend(Backend):
+    """Exports model.onnx (opset >= 18, dynamic axes kept dynamic) and runs it under ONNX Runtime."""
+
+    name = "onnxruntime"
+    triton_platform = "onnxruntime_onnx"
+    devices = frozenset({"cpu", "cuda"})
+    consumes = frozenset({"torch", "onnx"})
+    distributed_ok = False
+    workflow = frozenset({"aot", "jit"})
+    default_settings = {"opset": DEFAULT_OPSET, "graph_level": "all"}
+
+    def _availability(self, device: str) -> Availability:
+        try:
+            import onnxruntime as ort
+        except Exception as err:  # installed is not the same as importable
+            return Availability(False, f"onnxruntime cannot be imported: {err}")
+        if self.settings["graph_level"] not in _TRITON_GRAPH_LEVEL:
+            return Availability(False, f"graph_level {self.settings['graph_level']!r} is not one of {', '.join(_TRITON_GRAPH_LEVEL)}.")
+        wanted, have = _PROVIDER_FOR[device_kind(device)], ort.get_available_providers()
+        ok = wanted in have
+        return Availability(ok, "" if ok else f"{wanted} is not in this onnxruntime build (has: {', '.join(have)}).")
+
+    def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
+        import onnxruntime as ort
+
+        path = workdir / "model.onnx"
+        meta = export_onnx(model, signature, path, batch_range[1], self.settings["opset"])
+        inputs, outputs = onnx_io_names(path)
+        if inputs != signature.input_names or outputs != signature.output_names:
+            raise BackendError(
+                f"the exported graph names inputs {inputs} and outputs {outputs}, "
+                f"expected {signature.input_names} and {signature.output_names}."
+            )
+        return Artifact(
+            backend=self.name,
+            device=device,
+            directory=str(workdir),
+            files=meta.pop("files"),
+            signature=signature.to_json(),
+            triton_platform=self.triton_platform,
+            metadata={**meta, "graph_level": self.settings["graph_level"], "provider": _PROVIDER_FOR[device_kind(device)], **self.versions()},
+            batch_range=batch_range,
+        )
+
+    def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
+        return OnnxRuntimeRunner(artifact, device, self.settings["graph_level"])
+
+    def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
+        params = {"execution_mode": "0", "inter_op_thread_count": "1"}
+        if device_kind(artifact.device) == "cpu":
+            params["intra_op_thread_count"] = str(cpu_cores())
+        return {"parameters": params, "graph_level": _TRITON_GRAPH_LEVEL[self.settings["graph_level"]]}
+
+    def versions(self) -> dict[str, str]:
+        import onnxruntime as ort
+
+        return {"onnxruntime": ort.__version__}
+
+
+class OnnxRuntimeRunner(Runner):
+    """One InferenceSession with the same threads and graph level that the Triton config will carry."""
+
+    _LEVELS = MappingProxyType({"all": "ORT_ENABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "disabled": "ORT_DISABLE_ALL"})
+
+    def __init__(self, artifact: Artifact, device: str, graph_level: str) -> None:
+        super().__init__(artifact.sig)
+        self._path = artifact.path
+        self._device = device
+        self._graph_level = graph_level
+        self._session: Any = None
+
+    def _activate(self) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, self._LEVELS[self._graph_level])
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.inter_op_num_threads = 1
+        if device_kind(self._device) == "cpu":
+            opts.intra_op_num_threads = cpu_cores()
+            providers: list[Any] = ["CPUExecutionProvider"]
+        else:
+            index = int(self._device.split(":")[1]) if ":" in self._device else 0
+            providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+        try:
+            self._session = ort.InferenceSession(str(self._path), opts, providers=providers)
+        except Exception as err:
+            raise BackendError(f"onnxruntime could not load {self._path.name}: {str(err).splitlines()[0]}") from err
+        self._outputs = self.signature.output_names
+
+    def _deactivate(self) -> None:
+        self._session = None
+
+    def _run(self, feed: Feed) -> list[np.ndarray]:
+        return self._session.run(self._outputs, feed)

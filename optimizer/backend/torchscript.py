@@ -1,0 +1,93 @@
+"""TorchScript (`pytorch_libtorch`, model.pt): traced from the module and frozen."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores
+from optimizer.backend.torch_runner import TorchRunner
+from optimizer.errors import BackendError
+from optimizer.model.samples import ShapePoint, generate_feed
+from optimizer.model.signature import Signature
+
+if TYPE_CHECKING:
+    from optimizer.model.source import LoadedModel
+
+_LIBTORCH_OUTPUT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*__\d+$")
+
+
+class TorchScriptBackend(Backend):
+    """Traces forward() at a mid-size shape (so no axis is specialized to 1), freezes it and saves model.pt."""
+
+    name = "torchscript"
+    triton_platform = "pytorch_libtorch"
+    devices = frozenset({"cpu", "cuda"})
+    consumes = frozenset({"torch"})
+    slow_imports = ("torch",)
+    workflow = frozenset({"aot", "jit"})
+    default_settings = {"freeze": True}
+
+    def _availability(self, device: str) -> Availability:
+        import torch
+
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            return Availability(False, "torch reports no CUDA device (torch.cuda.is_available() is False).")
+        return Availability(True)
+
+    def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
+        import torch
+
+        bad = [n for n in signature.output_names if not _LIBTORCH_OUTPUT.match(n)]
+        if bad:
+            raise BackendError(
+                f"pytorch_libtorch needs outputs named <name>__<index>, got {', '.join(bad)}; "
+                f"use --output-names {','.join(f'{n}__{i}' for i, n in enumerate(signature.output_names))}."
+            )
+        workdir.mkdir(parents=True, exist_ok=True)
+        module = model.inner_module
+        if isinstance(module, torch.jit.ScriptModule):
+            scripted = module
+        else:
+            batch = min(2, batch_range[1]) if signature.batching else 0
+            feed = generate_feed(signature, ShapePoint(batch, "max"), seed=1)
+            args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
+            module = module.to(device) if device != "cpu" else module
+            args = tuple(a.to(device) for a in args)
+            with torch.no_grad():
+                scripted = torch.jit.trace(module, args, check_trace=False, strict=False)
+        if self.settings["freeze"]:
+            scripted = torch.jit.freeze(scripted.eval())
+        path = workdir / "model.pt"
+        torch.jit.save(scripted, str(path))
+        return Artifact(
+            backend=self.name,
+            device=device,
+            directory=str(workdir),
+            files=["model.pt"],
+            signature=signature.to_json(),
+            triton_platform=self.triton_platform,
+            metadata={"method": "script" if isinstance(model.inner_module, torch.jit.ScriptModule) else "trace", "frozen": self.settings["freeze"], **self.versions()},
+            batch_range=batch_range,
+        )
+
+    def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
+        def _load() -> Any:
+            import torch
+
+            return torch.jit.load(str(artifact.path), map_location=device).eval()
+
+        return TorchRunner(artifact.sig, _load, device)
+
+    def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
+        # INFERENCE_MODE matches how it was measured; thread counts are process-global in the libtorch backend.
+        params = {"INFERENCE_MODE": "true", "DISABLE_OPTIMIZED_EXECUTION": "false"}
+        if artifact.device == "cpu":
+            params |= {"INTRA_OP_THREAD_COUNT": str(cpu_cores()), "INTER_OP_THREAD_COUNT": "1"}
+        return {"parameters": params}
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        return {"torch": torch.__version__}

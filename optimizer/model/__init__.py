@@ -1,0 +1,1 @@
+"""What is being optimized: the model source, its signature and its samples."""

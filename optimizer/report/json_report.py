@@ -1,0 +1,39 @@
+"""report.json: the TuneResult, the settings that produced it (replayable with --config) and where it was published."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from optimizer.errors import SettingsError
+from optimizer.settings import ExportSettings, settings_from
+from optimizer.tune_strategy.result import TuneResult
+
+
+def write_report(path: Path, result: TuneResult, settings: ExportSettings, published: Any = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write report.json atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "result": result.to_json(),
+        "settings": settings.to_dict(),
+        "published": None if published is None else {"model_dir": str(published.model_dir), "version": published.version, "replaced": published.replaced},
+        **(extra or {}),
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    os.replace(tmp, path)
+    (path.parent / "settings.toml").write_text(settings.to_toml())
+    return path
+
+
+def read_report(path: Path) -> tuple[TuneResult, ExportSettings, dict[str, Any]]:
+    """A report written by write_report: the result, the settings and the whole document."""
+    if not path.is_file():
+        raise SettingsError(f"report {str(path)!r} does not exist; give the report.json of a finished export.")
+    try:
+        doc = json.loads(path.read_text())
+        return TuneResult.from_json(doc["result"]), settings_from(doc["settings"]), doc
+    except (ValueError, KeyError, TypeError) as err:
+        raise SettingsError(f"{str(path)!r} is not an aitune-export report ({type(err).__name__}: {err}).") from err

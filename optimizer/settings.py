@@ -1,0 +1,169 @@
+"""ExportSettings: one dataclass that CLI flags, a TOML settings file and the Python API all map onto.
+
+Each field's metadata names its option (`flag`), its help and whether it repeats; the CLI builds
+its options from this table and the settings file accepts exactly these keys, so the three
+entry points cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from optimizer.errors import SettingsError
+
+
+def _opt(default: Any, flag: str, help: str, *, multiple: bool = False, choices: tuple[str, ...] | None = None,
+         secondary: str | None = None, metavar: str | None = None, group: str = "Optional") -> Any:
+    meta = {"flag": flag, "help": help, "multiple": multiple, "choices": choices, "secondary": secondary, "metavar": metavar, "group": group}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ExportSettings:
+    """Every option of `aitune-export export`; defaults are what a run without flags does."""
+
+    model: str | None = _opt(None, "MODEL", "package.module:callable, path/to/file.py:callable, a TorchScript .pt, a torch.export .pt2 or an .onnx file (default: the bundled example CNN).", group="Model")
+    input: list[str] = _opt([], "--input", "Input spec NAME:DTYPE:DIMS, per-sample dims without the batch axis; ranges mark dynamic axes (input_ids:int64:1-128). Repeat per input.", multiple=True, metavar="SPEC", group="Model")
+    value_range: list[str] = _opt([], "--value-range", "Sample value range NAME:LOW:HIGH for generated integer inputs (input_ids:0:999).", multiple=True, metavar="SPEC", group="Model")
+    output_names: list[str] = _opt([], "--output-names", "Output names, comma-separated or repeated (default output__0, output__1, ...).", multiple=True, metavar="NAMES", group="Model")
+    batching: bool = _opt(True, "--batching", "Axis 0 of every tensor is the batch axis (--no-batching for models that do not batch).", secondary="--no-batching", group="Model")
+    samples: str | None = _opt(None, "--samples", "An .npz of real inputs (keys are input names, or NAME.K for several recorded requests).", metavar="FILE", group="Model")
+    repository: str = _opt("model_repository", "--repository", "The Triton model repository to publish into (created if missing).", metavar="DIR", group="Publish")
+    name: str | None = _opt(None, "--name", "Model name in the repository (default: from MODEL).", metavar="NAME", group="Publish")
+    version: int | None = _opt(None, "--version", "Add this version to an existing model, leaving its other versions alone.", metavar="N", group="Publish")
+    overwrite: bool = _opt(False, "--overwrite", "Replace an existing model of the same name (an atomic swap).", secondary="--no-overwrite", group="Publish")
+    warmup: bool = _opt(False, "--warmup", "Add model_warmup at batch 1 and the max batch, from a real sample.", secondary="--no-warmup", group="Publish")
+    template_dir: str | None = _opt(None, "--template-dir", "A folder of *.pbtxt.j2 templates overriding the packaged ones.", metavar="DIR", group="Publish")
+    report_dir: str | None = _opt(None, "--report-dir", "Where report.json, samples and work files go (default: aitune-reports/NAME; never inside the repository).", metavar="DIR", group="Publish")
+    strategy: str = _opt("max-throughput", "--strategy", "How the winner is chosen.", choices=("max-throughput", "min-latency", "latency-budget", "first-wins", "one-backend"), group="Tuning")
+    backend: list[str] = _opt([], "--backend", "A candidate backend; repeat to give several (default: the strategy's defaults; see `aitune-export backends`).", multiple=True, metavar="NAME", group="Tuning")
+    workflow: str = _opt("aot", "--workflow", "aot: search the max batch size; jit: measure only the batch sizes recorded in --samples.", choices=("aot", "jit"), group="Tuning")
+    device: str = _opt("cpu", "--device", "Where to tune and serve: cpu or cuda[:N].", metavar="DEVICE", group="Tuning")
+    eager_gate: str = _opt("enabled", "--eager-gate", "enabled: a winner must beat eager PyTorch (else the best deployable one is published with a warning); diagnostic: report only; disabled: do not measure eager.", choices=("enabled", "diagnostic", "disabled"), group="Tuning")
+    max_batch_size: str = _opt("auto", "--max-batch-size", "The largest batch to publish: a number, or auto to search it per candidate.", metavar="N|auto", group="Measurement")
+    latency_budget_ms: float | None = _opt(None, "--latency-budget-ms", "Latency budget per request in milliseconds (at --percentile).", metavar="MS", group="Measurement")
+    percentile: int = _opt(95, "--percentile", "Latency percentile the budget applies to.", choices=("50", "90", "95", "99"), group="Measurement")
+    memory_budget: str = _opt("auto", "--memory-budget", "Memory a candidate may add while probing batch sizes (e.g. 2GiB, 512MiB; auto = a quarter of available memory, at most 8 GiB).", metavar="SIZE", group="Measurement")
+    time_budget_s: float | None = _opt(None, "--time-budget", "Stop measuring after this many seconds of tuning and use what was measured.", metavar="SECONDS", group="Measurement")
+    build_timeout_s: float = _opt(900.0, "--build-timeout", "Seconds a candidate may spend building and checking before it is stopped.", metavar="SECONDS", group="Measurement")
+    profile_timeout_s: float = _opt(900.0, "--profile-timeout", "Seconds a candidate may spend being measured before it is stopped.", metavar="SECONDS", group="Measurement")
+    validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
+
+    # -- derived values, checked before any work -----------------------------------------------
+    def memory_budget_mb(self) -> float | None:
+        """The memory budget in MiB (None: no limit)."""
+        return parse_size_mb(self.memory_budget)
+
+    def max_batch(self) -> int | str:
+        if self.max_batch_size == "auto":
+            return "auto"
+        try:
+            value = int(self.max_batch_size)
+        except ValueError:
+            raise SettingsError(f"--max-batch-size {self.max_batch_size!r} is not a number or 'auto'.") from None
+        if value < 0:
+            raise SettingsError(f"--max-batch-size {value} must be >= 1, or 'auto'.")
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_toml(self) -> str:
+        """The settings as a TOML file that `--config` reads back (None values are left out)."""
+        lines = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or value == []:
+                continue
+            lines.append(f"{key_of(f.name)} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def key_of(field_name: str) -> str:
+    """The settings-file key (and long option name) of a field."""
+    for f in fields(ExportSettings):
+        if f.name == field_name:
+            flag = f.metadata["flag"]
+            return "model" if flag == "MODEL" else flag.lstrip("-")
+    raise KeyError(field_name)
+
+
+KEYS: dict[str, str] = {}
+"""Settings-file key -> field name."""
+for _f in fields(ExportSettings):
+    KEYS["model" if _f.metadata["flag"] == "MODEL" else _f.metadata["flag"].lstrip("-")] = _f.name
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def load_settings_file(path: Path) -> dict[str, Any]:
+    """Field values from a TOML file (its [tool.aitune-export] table when it is a pyproject.toml)."""
+    if not path.is_file():
+        raise SettingsError(f"settings file {str(path)!r} does not exist; check --config.")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SettingsError(f"settings file {str(path)!r} is not valid TOML: {err}.") from err
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("aitune-export", {})
+    values = {}
+    types = {f.name: f for f in fields(ExportSettings)}
+    for key, value in data.items():
+        if key not in KEYS:
+            raise SettingsError(f"settings file {str(path)!r}: unknown key {key!r}; valid keys are the long option names: {', '.join(sorted(KEYS))}.")
+        f = types[KEYS[key]]
+        if f.metadata["multiple"]:
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SettingsError(f"settings file {str(path)!r}: {key!r} must be a string or a list of strings.")
+        values[f.name] = value
+    return values
+
+
+def settings_from(values: dict[str, Any]) -> ExportSettings:
+    """ExportSettings from field values, rejecting unknown fields with the known ones."""
+    names = {f.name for f in fields(ExportSettings)}
+    unknown = set(values) - names
+    if unknown:
+        raise SettingsError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}.")
+    s = ExportSettings(**values)
+    s.percentile = int(s.percentile)
+    if s.max_batch_size is not None and not isinstance(s.max_batch_size, str):
+        s.max_batch_size = str(s.max_batch_size)
+    return s
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1 / 2**20, "k": 1 / 1024, "kb": 1 / 1024, "kib": 1 / 1024, "m": 1, "mb": 1, "mib": 1,
+          "g": 1024, "gb": 1024, "gib": 1024, "t": 2**20, "tb": 2**20, "tib": 2**20}
+
+
+def parse_size_mb(text: str | None) -> float | None:
+    """"2GiB" -> 2048; a bare number is MiB; "auto" -> a quarter of available memory, at most 8 GiB; "none" -> None."""
+    if text is None or str(text).lower() == "none":
+        return None
+    if str(text).lower() == "auto":
+        import psutil
+
+        return min(psutil.virtual_memory().available / 2**20 / 4, 8192.0)
+    m = _SIZE.match(str(text))
+    if not m or (m.group(2) or "").lower() not in _UNITS:
+        raise SettingsError(f"--memory-budget {text!r} is not a size; use e.g. 512MiB, 2GiB, auto or none.")
+    mb = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+    if mb <= 0:
+        raise SettingsError(f"--memory-budget {text!r} must be positive.")
+    return mb

@@ -1,0 +1,1 @@
+"""Measurement tasks: correctness against the reference, profiling, max-batch search, and process isolation."""

@@ -1,0 +1,161 @@
+"""Compare a candidate's outputs with the reference: names, then shapes, then values, per-dtype tolerances.
+
+Every output's max absolute and relative error is reported before deciding, so a rejection
+always says by how much it missed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass when |actual - expected| <= atol + rtol * |expected| everywhere."""
+
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLERANCES: MappingProxyType[str, Tolerance] = MappingProxyType(
+    {
+        "float32": Tolerance(1e-4, 1e-4),
+        "float64": Tolerance(1e-7, 1e-7),
+        "float16": Tolerance(1e-2, 1e-2),
+        "bfloat16": Tolerance(5e-2, 5e-2),
+    }
+)
+"""fp32 parity observed here is <= 3e-7 abs; these bounds leave room for fused kernels yet reject real bugs."""
+
+EXACT = Tolerance(0.0, 0.0)
+"""Integer and boolean outputs must match exactly."""
+
+
+def tolerance_for(dtype: str, name: str, overrides: dict[str, Tolerance] | None = None) -> Tolerance:
+    """Per-output override first (key = output name), then the "" default override, then the per-dtype default."""
+    overrides = overrides or {}
+    if name in overrides:
+        return overrides[name]
+    if "" in overrides:
+        return overrides[""]
+    return DEFAULT_TOLERANCES.get(dtype, EXACT)
+
+
+@dataclass
+class OutputError:
+    """How one output compared at one shape point."""
+
+    name: str
+    shape_ok: bool
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+    passed: bool
+    note: str = ""
+
+
+@dataclass
+class CorrectnessCase:
+    """All outputs at one shape point."""
+
+    point: str
+    outputs: list[OutputError]
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+
+@dataclass
+class CorrectnessReport:
+    """Every case; truthy when all passed. `reason` names the worst failure."""
+
+    cases: list[CorrectnessCase] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.cases) and all(c.passed for c in self.cases)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for c in self.cases for o in c.outputs), default=0.0)
+
+    @property
+    def max_rel(self) -> float:
+        return max((o.max_rel for c in self.cases for o in c.outputs), default=0.0)
+
+    @property
+    def reason(self) -> str:
+        if self.error:
+            return self.error
+        for c in self.cases:
+            for o in c.outputs:
+                if not o.passed:
+                    detail = o.note or f"max abs error {o.max_abs:.3g}, max rel error {o.max_rel:.3g} (atol {o.atol:g}, rtol {o.rtol:g})"
+                    return f"output {o.name!r} differs from the reference at {c.point}: {detail}"
+        return ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "error": self.error,
+            "cases": [{"point": c.point, "outputs": [asdict(o) for o in c.outputs]} for c in self.cases],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CorrectnessReport:
+        cases = [CorrectnessCase(c["point"], [OutputError(**o) for o in c["outputs"]]) for c in d.get("cases", [])]
+        return cls(cases, d.get("error", ""))
+
+
+def compare_outputs(
+    point: str,
+    names: Sequence[str],
+    dtypes: Sequence[str],
+    actual: Sequence[np.ndarray],
+    expected: Sequence[np.ndarray],
+    overrides: dict[str, Tolerance] | None = None,
+) -> CorrectnessCase:
+    """One case: names (count), then shapes, then values; NaN where the reference has none fails."""
+    results = []
+    if len(actual) != len(expected):
+        return CorrectnessCase(
+            point,
+            [OutputError("*", False, float("inf"), float("inf"), 0, 0, False, f"{len(actual)} outputs, expected {len(expected)}")],
+        )
+    for name, dtype, a, e in zip(names, dtypes, actual, expected):
+        tol = tolerance_for(dtype, name, overrides)
+        a = np.asarray(a)
+        e = np.asarray(e)
+        if a.shape != e.shape:
+            results.append(OutputError(name, False, float("inf"), float("inf"), tol.atol, tol.rtol, False, f"shape {list(a.shape)}, expected {list(e.shape)}"))
+            continue
+        if a.size == 0:
+            results.append(OutputError(name, True, 0.0, 0.0, tol.atol, tol.rtol, True))
+            continue
+        af = a.astype(np.float64)
+        ef = e.astype(np.float64)
+        nan_mismatch = bool(np.any(np.isnan(af) != np.isnan(ef)))
+        finite = ~(np.isnan(af) | np.isnan(ef))
+        with np.errstate(invalid="ignore"):
+            diff = np.where(af == ef, 0.0, np.abs(af - ef))[finite] if finite.any() else np.zeros(1)
+        rel = diff / np.maximum(np.abs(ef[finite]), 1e-12) if finite.any() else np.zeros(1)
+        inf_mismatch = bool(np.any(np.isinf(af[finite]) & (af[finite] != ef[finite]))) if finite.any() else False
+        with np.errstate(invalid="ignore"):
+            ok = bool(np.all(diff <= tol.atol + tol.rtol * np.abs(ef[finite]))) if finite.any() else True
+        max_abs = float(np.nan_to_num(diff.max(), nan=np.inf)) if diff.size else 0.0
+        max_rel = float(np.nan_to_num(rel.max(), nan=np.inf)) if rel.size else 0.0
+        note = "NaN where the reference has a number (or the reverse)" if nan_mismatch else ("infinity mismatch" if inf_mismatch else "")
+        results.append(OutputError(name, True, max_abs, max_rel, tol.atol, tol.rtol, ok and not nan_mismatch and not inf_mismatch, note))
+    return CorrectnessCase(point, results)

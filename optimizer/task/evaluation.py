@@ -1,0 +1,235 @@
+"""One candidate, start to finish, inside its own process: build, load, check against the reference, measure.
+
+`evaluate_candidate` is what the child runs; `Candidate` is the plain record it returns. Progress
+is written after every step, so the parent can still report what a crashed child measured.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.backend import backend_named
+from optimizer.backend.base import Artifact
+from optimizer.model.samples import load_feeds, tile_feed
+from optimizer.model.signature import Signature
+from optimizer.model.source import ModelSource, load_source
+from optimizer.task.correctness import CorrectnessReport, Tolerance, compare_outputs
+from optimizer.task.find_max_batch_size import (
+    BatchPolicy,
+    MaxBatchDecision,
+    OutOfMemory,
+    TimeBudgetExceeded,
+    estimate_ceiling,
+    find_max_batch_size,
+)
+from optimizer.task.profiling import ProfileSettings, measure
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("passed", "failed", "unavailable", "skipped")
+
+
+@dataclass
+class Candidate:
+    """A backend on a device and everything learned about it. `status` is "passed" only when it is deployable."""
+
+    name: str
+    backend: str
+    device: str
+    status: str = "skipped"
+    stage: str = ""  # where it stopped: availability, build, load, correctness, profile, crash, timeout
+    reason: str = ""
+    artifact: Artifact | None = None
+    build_s: float = 0.0
+    correctness: CorrectnessReport | None = None
+    decision: MaxBatchDecision | None = None
+    ceiling_estimate: int | None = None
+    log: str = ""
+    cached: bool = False
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def best_throughput(self) -> float:
+        return self.decision.best.throughput if self.decision and self.decision.profiles else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["artifact"] = self.artifact.to_json() if self.artifact is not None else None
+        d["correctness"] = self.correctness.to_json() if self.correctness is not None else None
+        d["decision"] = self.decision.to_json() if self.decision is not None else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Candidate:
+        d = dict(d)
+        d["artifact"] = Artifact.from_json(d["artifact"]) if d.get("artifact") else None
+        d["correctness"] = CorrectnessReport.from_json(d["correctness"]) if d.get("correctness") else None
+        d["decision"] = MaxBatchDecision.from_json(d["decision"]) if d.get("decision") else None
+        return cls(**d)
+
+
+@dataclass
+class CandidateJob:
+    """Everything a child needs, as plain data."""
+
+    backend: str
+    device: str
+    source: dict[str, str]
+    signature: dict[str, Any]
+    workdir: str
+    correctness_feeds: str  # npz written by save_feeds
+    reference_outputs: str  # npz of reference outputs, same order as the feeds
+    correctness_points: list[str]
+    profile_feed: str  # npz with one feed at batch 1 (tiled to each batch size)
+    policy: dict[str, Any]
+    profile: dict[str, Any] = field(default_factory=dict)
+    backend_settings: dict[str, Any] = field(default_factory=dict)
+    tolerances: dict[str, list[float]] = field(default_factory=dict)
+    state_dict: str | None = None  # weights snapshot from the parent (callable sources re-run their factory)
+    memory_budget_mb: float | None = None
+    deadline: float | None = None  # time.time() after which measuring stops
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _vm_data_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _is_allocation_failure(err: BaseException) -> bool:
+    text = str(err).lower()
+    return isinstance(err, MemoryError) or any(k in text for k in ("allocate", "out of memory", "bad_alloc", "cannot allocate"))
+
+
+def _write_progress(path: Path, cand: Candidate) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cand.to_json()))
+    os.replace(tmp, path)
+
+
+def evaluate_candidate(payload: dict[str, Any]) -> dict[str, Any]:
+    """Child entry point: returns Candidate.to_json(). Failures on good input are recorded, not raised."""
+    job = CandidateJob(**payload)
+    backend = backend_named(job.backend, **job.backend_settings)
+    signature = Signature.from_json(job.signature)
+    workdir = Path(job.workdir)
+    progress = workdir / "progress.json"
+    cand = Candidate(backend.candidate_name(job.device), backend.name, job.device, versions=backend.versions())
+    model = load_source(ModelSource.from_json(job.source))
+    if job.state_dict and model.module is not None:
+        import torch
+
+        model.inner_module.load_state_dict(torch.load(job.state_dict, weights_only=True))
+    policy = BatchPolicy.from_json(job.policy)
+    cand.stage = "build"
+    t0 = time.perf_counter()
+    try:
+        artifact = backend.build(model, signature, workdir / "artifact", (1, policy.cap), job.device)
+    except Exception as err:
+        log.exception("%s | build failed", cand.name)
+        return _failed(cand, "build", f"build failed: {_first_line(err)}")
+    cand.build_s = time.perf_counter() - t0
+    artifact.triton_settings = backend.triton_settings(artifact)
+    cand.artifact = artifact
+    log.info("%s | built %s in %.1f s", cand.name, artifact.files or "(nothing)", cand.build_s)
+    _write_progress(progress, cand)
+
+    feeds = load_feeds(Path(job.correctness_feeds))
+    refs = load_feeds(Path(job.reference_outputs))
+    tolerances = {k: Tolerance(*v) for k, v in job.tolerances.items()}
+    cand.stage = "load"
+    try:
+        runner = backend.load(artifact, job.device, model)
+        runner.__enter__()
+    except Exception as err:
+        log.exception("%s | load failed", cand.name)
+        return _failed(cand, "load", f"load failed: {_first_line(err)}")
+    try:
+        cand.stage = "correctness"
+        report = CorrectnessReport()
+        for point, feed, ref in zip(job.correctness_points, feeds, refs):
+            try:
+                outs = runner.infer(feed)
+            except Exception as err:
+                log.exception("%s | inference failed at %s", cand.name, point)
+                report.error = f"inference failed at {point}: {_first_line(err)}"
+                break
+            names = signature.output_names
+            expected = [ref[n] for n in names]
+            report.cases.append(compare_outputs(point, names, [o.dtype.name for o in signature.outputs], outs, expected, tolerances))
+        cand.correctness = report
+        _write_progress(progress, cand)
+        if not report.passed:
+            return _failed(cand, "correctness", f"rejected: {report.reason}")
+        log.info("%s | correct (max abs %.2g, max rel %.2g)", cand.name, report.max_abs, report.max_rel)
+
+        cand.stage = "profile"
+        base = load_feeds(Path(job.profile_feed))[0]
+        settings = ProfileSettings(**job.profile)
+        limit_mb = None
+        if job.memory_budget_mb:
+            limit = _vm_data_bytes() + int(job.memory_budget_mb * 2**20)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+            limit_mb = (limit / 2**20)
+        partial: list[Any] = []
+
+        def measure_batch(batch: int):
+            if job.deadline and time.time() > job.deadline:
+                raise TimeBudgetExceeded("the time budget ran out")
+            feed = tile_feed(base, batch) if signature.batching else base
+            try:
+                runner.infer(feed)  # checked once, outside the timed windows
+                prof = measure(lambda: runner.run_unchecked(feed), batch if signature.batching else 1, settings)
+            except Exception as err:
+                if _is_allocation_failure(err):
+                    log.info("%s | batch %d does not fit: %s", cand.name, batch, _first_line(err))
+                    raise OutOfMemory(f"batch {batch}: {_first_line(err)}") from err
+                raise
+            log.info("%s | batch %d: %.1f/s p50 %.2f ms p95 %.2f ms (cv %.3f, others %.0f%%)",
+                     cand.name, batch, prof.throughput, prof.p50_ms, prof.p95_ms, prof.cv, 100 * prof.others_cpu_share)
+            partial.append(prof)
+            cand.decision = MaxBatchDecision(list(partial), 0, 0, 0, "in progress")
+            _write_progress(progress, cand)
+            return prof
+
+        try:
+            decision = find_max_batch_size(measure_batch, policy, signature.batching)
+        except Exception as err:
+            log.exception("%s | measurement failed", cand.name)
+            return _failed(cand, "profile", f"measurement failed: {_first_line(err)}")
+        cand.decision = decision
+        if not decision.profiles:
+            return _failed(cand, "profile", f"no batch size could be measured: {decision.failure or decision.decided_by}")
+        if limit_mb:
+            cand.ceiling_estimate = decision.ceiling or estimate_ceiling(decision.profiles, limit_mb)
+        cand.status, cand.stage, cand.reason = "passed", "", ""
+        return cand.to_json()
+    finally:
+        runner.__exit__(None, None, None)
+
+
+def _failed(cand: Candidate, stage: str, reason: str) -> dict[str, Any]:
+    cand.status, cand.stage, cand.reason = "failed", stage, reason
+    return cand.to_json()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__

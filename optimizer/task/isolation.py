@@ -1,0 +1,154 @@
+"""Run one task in its own spawned process: a crash, hang or memory blow-up there is a result, not our death.
+
+The child starts a new session (so compilers it spawns die with it), sends its stdout and stderr
+(including C-level output) to a log file, and writes its result as JSON. The parent waits with a
+timeout; on timeout, Ctrl-C or SIGTERM it kills the child's whole process group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+_LIVE_GROUPS: set[int] = set()
+"""Process groups of children still running, so an interrupt handler can stop them all."""
+
+
+@dataclass
+class ChildOutcome:
+    """What came back from a child: its JSON value, or why there is none."""
+
+    ok: bool
+    value: Any = None
+    reason: str = ""
+    exitcode: int | None = None
+    seconds: float = 0.0
+    timed_out: bool = False
+    signal: str = ""
+
+
+def log_tail(path: Path, lines: int = 12) -> str:
+    """The last lines of a log, for a failure reason."""
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def stop_all_children() -> None:
+    """Kill every live child's process group (used on Ctrl-C / SIGTERM)."""
+    for pgid in list(_LIVE_GROUPS):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _LIVE_GROUPS.discard(pgid)
+
+
+def run_isolated(
+    target: str,
+    payload: dict[str, Any],
+    workdir: Path,
+    timeout_s: float | None,
+    label: str,
+    poll: Callable[[float], str | None] | None = None,
+) -> ChildOutcome:
+    """Call `module:function(payload)` in a spawned child; the function returns a JSON-serializable value.
+
+    `poll(elapsed_s)` is called about four times a second while the child runs; a string it returns
+    stops the child, with that string as the reason (per-stage timeouts use this).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_path, result_path, log_path = workdir / f"{label}.job.json", workdir / f"{label}.result.json", workdir / f"{label}.log"
+    for p in (result_path, log_path):
+        p.unlink(missing_ok=True)
+    job_path.write_text(json.dumps(payload))
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_child_entry, args=(target, str(job_path), str(result_path), str(log_path)), name=label, daemon=False)
+    t0 = time.monotonic()
+    proc.start()
+    _LIVE_GROUPS.add(proc.pid)  # the child calls setsid() first thing: its pgid is its pid
+    timed_out = False
+    stop_reason = ""
+    try:
+        while proc.is_alive():
+            proc.join(0.25)
+            elapsed = time.monotonic() - t0
+            if timeout_s is not None and elapsed > timeout_s:
+                stop_reason = f"timed out after {timeout_s:.0f} s"
+            elif poll is not None and proc.is_alive():
+                stop_reason = poll(elapsed) or ""
+            if stop_reason and proc.is_alive():
+                timed_out = True
+                _kill_group(proc.pid)
+                proc.join(10)
+                break
+    except BaseException:
+        _kill_group(proc.pid)
+        proc.join(10)
+        raise
+    finally:
+        _LIVE_GROUPS.discard(proc.pid)
+        _kill_group(proc.pid)  # grandchildren (compilers) left in the group
+    seconds = time.monotonic() - t0
+    code = proc.exitcode
+    if timed_out:
+        return ChildOutcome(False, None, f"{stop_reason} (see {log_path.name})", code, seconds, True)
+    if result_path.exists():
+        result = json.loads(result_path.read_text())
+        if result.get("ok"):
+            return ChildOutcome(True, result["value"], "", code, seconds)
+        return ChildOutcome(False, result.get("value"), result.get("error", "failed"), code, seconds)
+    tail = log_tail(log_path, 6)
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return ChildOutcome(False, None, f"crashed with {name}" + (f"; log ends: {tail.splitlines()[-1]}" if tail else ""), code, seconds, signal=name)
+    return ChildOutcome(False, None, f"exited with status {code} and no result" + (f"; log ends: {tail.splitlines()[-1]}" if tail else ""), code, seconds)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _child_entry(target: str, job_path: str, result_path: str, log_path: str) -> None:
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("torch", "onnxscript", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    payload = json.loads(Path(job_path).read_text())
+    module_name, _, func_name = target.partition(":")
+    try:
+        value = getattr(importlib.import_module(module_name), func_name)(payload)
+        result = {"ok": True, "value": value}
+    except Exception as err:  # becomes the candidate's reason; the traceback stays in the log
+        traceback.print_exc()
+        value = getattr(err, "partial", None)
+        result = {"ok": False, "error": f"{type(err).__name__}: {err}", "value": value}
+    tmp = Path(result_path + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -1,0 +1,140 @@
+"""Latency and throughput of a runner at one batch size, measured until stable, with machine contention recorded.
+
+Timing lives here and only here (time.perf_counter_ns). A measurement runs timed windows until
+the throughput of the last `stable_windows` windows has a coefficient of variation under
+`cv_threshold`, or until `time_cap_s`; percentiles come from those last windows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How long and how carefully to measure one batch size."""
+
+    warmup_runs: int = 3
+    window_s: float = 0.15
+    min_runs_per_window: int = 3
+    stable_windows: int = 3
+    cv_threshold: float = 0.08
+    time_cap_s: float = 3.0
+
+
+@dataclass
+class BatchProfile:
+    """One batch size's measurement. Latencies in milliseconds, throughput in samples per second."""
+
+    batch_size: int
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput: float
+    runs: int
+    windows: int
+    stable: bool
+    cv: float
+    others_cpu_share: float  # share of the machine's CPU used by other processes during the windows (0..1)
+    peak_rss_mb: float = 0.0
+
+    def percentile_ms(self, percentile: int) -> float:
+        return {50: self.p50_ms, 90: self.p90_ms, 95: self.p95_ms, 99: self.p99_ms}[percentile]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BatchProfile:
+        return cls(**d)
+
+
+class ContentionMeter:
+    """Share of total machine CPU time spent by processes other than this one, from /proc (Linux only)."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+            busy_total = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # minus idle and iowait
+            with open("/proc/self/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            own = int(parts[11]) + int(parts[12])  # utime + stime of this process, in clock ticks
+            return busy_total, own
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def share(self, elapsed_s: float) -> float:
+        end = self._read()
+        if self._start is None or end is None or elapsed_s <= 0:
+            return 0.0
+        others = (end[0] - self._start[0]) - (end[1] - self._start[1])
+        capacity = elapsed_s * os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1)
+        return float(min(max(others / capacity, 0.0), 1.0))
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure(run: Callable[[], Any], batch_size: int, settings: ProfileSettings = ProfileSettings()) -> BatchProfile:
+    """Profile `run` (one inference of `batch_size` samples): warm up, then timed windows until stable."""
+    for _ in range(settings.warmup_runs):
+        run()
+    windows: list[list[int]] = []
+    throughputs: list[float] = []
+    meter = ContentionMeter()
+    t_start = time.perf_counter_ns()
+    cap_ns = int(settings.time_cap_s * 1e9)
+    window_ns = int(settings.window_s * 1e9)
+    cv = float("inf")
+    stable = False
+    while True:
+        lat: list[int] = []
+        w0 = time.perf_counter_ns()
+        while len(lat) < settings.min_runs_per_window or time.perf_counter_ns() - w0 < window_ns:
+            t0 = time.perf_counter_ns()
+            run()
+            lat.append(time.perf_counter_ns() - t0)
+        windows.append(lat)
+        throughputs.append(batch_size * len(lat) / (sum(lat) / 1e9))
+        if len(throughputs) >= settings.stable_windows:
+            recent = np.array(throughputs[-settings.stable_windows :])
+            cv = float(recent.std() / recent.mean()) if recent.mean() > 0 else float("inf")
+            if cv <= settings.cv_threshold:
+                stable = True
+                break
+        if time.perf_counter_ns() - t_start >= cap_ns:
+            break
+    elapsed = (time.perf_counter_ns() - t_start) / 1e9
+    used = windows[-settings.stable_windows :]
+    samples = np.array([x for w in used for x in w], dtype=np.float64) / 1e6
+    mean_ms = float(samples.mean())
+    return BatchProfile(
+        batch_size=batch_size,
+        p50_ms=float(np.percentile(samples, 50)),
+        p90_ms=float(np.percentile(samples, 90)),
+        p95_ms=float(np.percentile(samples, 95)),
+        p99_ms=float(np.percentile(samples, 99)),
+        mean_ms=mean_ms,
+        throughput=batch_size * 1000.0 / mean_ms,
+        runs=int(samples.size),
+        windows=len(windows),
+        stable=stable,
+        cv=cv if np.isfinite(cv) else -1.0,
+        others_cpu_share=meter.share(elapsed),
+        peak_rss_mb=_peak_rss_mb(),
+    )

@@ -1,0 +1,54 @@
+"""The shared ground truth of a run: correctness feeds, the reference's outputs for them, and the profiling feed.
+
+Written once by the parent as .npz files that every candidate's process reads; kept with the
+report so `validate` can later send the same samples through Triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from optimizer.model.reference import run_reference
+from optimizer.model.samples import Feed, correctness_points, generate_feed, save_feeds, tile_feed
+from optimizer.model.signature import Signature
+from optimizer.model.source import LoadedModel
+
+
+@dataclass(frozen=True)
+class ReferenceSet:
+    """Paths of the sample and reference files and the label of each correctness case."""
+
+    feeds: str
+    outputs: str
+    points: list[str]
+    profile_feed: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ReferenceSet:
+        return cls(**d)
+
+
+def prepare_reference(model: LoadedModel, signature: Signature, user_feeds: list[Feed], directory: Path) -> ReferenceSet:
+    """Generated feeds at every correctness point, plus the user's samples, run through the reference."""
+    directory.mkdir(parents=True, exist_ok=True)
+    feeds: list[Feed] = []
+    labels: list[str] = []
+    for i, point in enumerate(correctness_points(signature)):
+        feeds.append(generate_feed(signature, point, seed=100 + i))
+        labels.append(point.label)
+    for i, feed in enumerate(user_feeds):
+        feeds.append(feed)
+        labels.append(f"samples[{i}]")
+    outputs = [dict(zip(signature.output_names, run_reference(model, signature.input_names, f))) for f in feeds]
+    base = user_feeds[0] if user_feeds else generate_feed(signature, correctness_points(signature)[-1], seed=7)
+    profile = tile_feed(base, 1) if signature.batching else base
+    paths = ReferenceSet(str(directory / "samples.npz"), str(directory / "reference_outputs.npz"), labels, str(directory / "profile_feed.npz"))
+    save_feeds(Path(paths.feeds), feeds)
+    save_feeds(Path(paths.outputs), outputs)
+    save_feeds(Path(paths.profile_feed), [profile])
+    return paths

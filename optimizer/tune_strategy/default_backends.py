@@ -1,0 +1,22 @@
+"""The default candidate lists shared by the concrete strategies (one place to change them)."""
+
+from __future__ import annotations
+
+AOT = ("torchscript", "onnxruntime")
+"""AOT candidates for an ordinary module, in the order they are tried (FirstWins honours it)."""
+
+AOT_DISTRIBUTED = ("torchscript",)
+"""Graph exporters that cannot carry collectives (ONNX, TensorRT) are left out for distributed modules."""
+
+JIT = ("torchscript", "onnxruntime")
+"""Cheap-to-build candidates for the JIT workflow, which measures only recorded batch sizes."""
+
+JIT_DISTRIBUTED = ("torchscript",)
+
+
+def aot(distributed: bool) -> list[str]:
+    return list(AOT_DISTRIBUTED if distributed else AOT)
+
+
+def jit(distributed: bool) -> list[str]:
+    return list(JIT_DISTRIBUTED if distributed else JIT)

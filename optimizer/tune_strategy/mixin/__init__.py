@@ -1,0 +1,1 @@
+"""Mixins shared by tune strategies."""

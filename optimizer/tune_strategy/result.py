@@ -1,0 +1,60 @@
+"""TuneResult: the plain, JSON-serializable record of a tuning run; publishing and reporting need nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from optimizer.errors import PublishError
+from optimizer.task.evaluation import Candidate
+from optimizer.task.reference_set import ReferenceSet
+
+SCHEMA = 1
+
+
+@dataclass
+class TuneResult:
+    """Every candidate with status and reason, the selected one, and the max batch size it supports."""
+
+    model_name: str
+    source: dict[str, str]
+    signature: dict[str, Any]
+    device: str
+    strategy: str
+    workflow: str
+    candidates: list[Candidate]
+    eager: Candidate | None
+    selected: str | None
+    max_batch_size: int
+    selection_reason: str
+    reference: ReferenceSet
+    eager_gate: str = "enabled"
+    warnings: list[str] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    tune_seconds: float = 0.0
+    latency_budget_ms: float | None = None
+    percentile: int = 95
+
+    @property
+    def selected_candidate(self) -> Candidate:
+        for c in self.candidates:
+            if c.name == self.selected:
+                return c
+        raise PublishError("this result has no selected candidate; nothing can be published from it.")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema"] = SCHEMA
+        d["candidates"] = [c.to_json() for c in self.candidates]
+        d["eager"] = self.eager.to_json() if self.eager else None
+        d["reference"] = self.reference.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TuneResult:
+        d = dict(d)
+        d.pop("schema", None)
+        d["candidates"] = [Candidate.from_json(c) for c in d["candidates"]]
+        d["eager"] = Candidate.from_json(d["eager"]) if d.get("eager") else None
+        d["reference"] = ReferenceSet.from_json(d["reference"])
+        return cls(**d)

@@ -1,0 +1,34 @@
+"""Shared fixtures: small models written for the tests, and a way to run the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+CLI = [sys.executable, "-m", "optimizer.cli"]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `aitune-export ARGS` as a user would (a real process); returns the completed process."""
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run the test inside an empty directory (reports and repositories land there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def tree_snapshot(path: Path) -> dict[str, tuple[int, int]]:
+    """Relative path -> (size, mtime_ns) of every file under path: compare before/after to prove nothing changed."""
+    if not path.exists():
+        return {}
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*")) if p.is_file()}

@@ -1,0 +1,92 @@
+"""Each backend builds an artifact, loads it in its own runtime and matches eager PyTorch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from optimizer.backend import BACKENDS, backend_named
+from optimizer.errors import BackendError
+from optimizer.model.reference import resolve_signature, run_reference
+from optimizer.model.samples import ShapePoint, generate_feed
+from optimizer.model.signature import parse_input_spec
+from optimizer.model.source import load_model
+from optimizer.task.correctness import compare_outputs
+
+pytestmark = pytest.mark.slow
+
+PUBLISHED = [n for n, cls in BACKENDS.items() if cls.publishable and cls.triton_platform != "tensorrt_plan"]
+
+
+def _check(backend_name: str, spec: str, points: list[ShapePoint], tmp_path: Path, **sig_kwargs):
+    model = load_model(spec)
+    sig = resolve_signature(model, **sig_kwargs)
+    backend = backend_named(backend_name)
+    assert backend.availability("cpu"), backend.availability("cpu").reason
+    artifact = backend.build(model, sig, tmp_path / backend_name, (1, 16), "cpu")
+    assert artifact.path.exists() and artifact.path.name == backend.model_filename
+    with backend.load(artifact, "cpu", model) as runner:
+        for i, point in enumerate(points):
+            feed = generate_feed(sig, point, seed=i)
+            outs = runner.infer(feed)
+            ref = run_reference(model, sig.input_names, feed)
+            case = compare_outputs(point.label, sig.output_names, [o.dtype.name for o in sig.outputs], outs, ref)
+            assert case.passed, case.outputs
+    return artifact
+
+
+@pytest.mark.parametrize("backend_name", PUBLISHED)
+def test_cnn_matches_eager_at_two_batch_sizes(backend_name, tmp_path):
+    _check(backend_name, "optimizer.examples.cnn:build", [ShapePoint(1, "max"), ShapePoint(5, "max")], tmp_path)
+
+
+@pytest.mark.parametrize("backend_name", PUBLISHED)
+def test_transformer_matches_eager_at_sequence_1_and_128(backend_name, tmp_path):
+    art = _check(
+        backend_name,
+        "optimizer.examples.transformer:build",
+        [ShapePoint(1, "min"), ShapePoint(3, "max"), ShapePoint(2, "min"), ShapePoint(1, "max")],
+        tmp_path,
+        input_specs=[parse_input_spec("input_ids:int64:1-128")],
+        value_ranges={"input_ids": (0, 999)},
+    )
+    assert art.sig.inputs[0].triton_dims == [-1]
+
+
+def test_onnx_export_is_opset_18_or_newer_with_dynamic_axes(tmp_path):
+    import onnx
+
+    art = _check("onnxruntime", "optimizer.examples.transformer:build", [ShapePoint(2, "max")], tmp_path,
+                 input_specs=[parse_input_spec("input_ids:int64:1-128")], value_ranges={"input_ids": (0, 999)})
+    proto = onnx.load(str(art.path), load_external_data=False)
+    assert max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) >= 18
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    assert all(d.dim_param and not d.HasField("dim_value") for d in dims), "batch and sequence must both stay dynamic"
+    assert art.files == ["model.onnx"], "small models are written as one file"
+
+
+def test_torchscript_refuses_output_names_libtorch_cannot_serve(tmp_path):
+    model = load_model("optimizer.examples.cnn:build")
+    sig = resolve_signature(model, output_names=["logits"])
+    with pytest.raises(BackendError, match=r"<name>__<index>.*--output-names logits__0"):
+        backend_named("torchscript").build(model, sig, tmp_path, (1, 4), "cpu")
+
+
+def test_runner_checks_the_feed_before_running(tmp_path):
+    model = load_model("optimizer.examples.cnn:build")
+    sig = resolve_signature(model)
+    backend = backend_named("onnxruntime")
+    art = backend.build(model, sig, tmp_path, (1, 4), "cpu")
+    with backend.load(art, "cpu") as runner:
+        with pytest.raises(BackendError, match="expects float32 of rank 4"):
+            runner.infer({"image": np.zeros((1, 3, 64, 64), np.float64)})
+    with pytest.raises(BackendError, match="not active"):
+        runner.infer(generate_feed(sig, ShapePoint(1, "max")))
+
+
+def test_backend_settings_are_checked():
+    with pytest.raises(BackendError, match="has no setting"):
+        backend_named("onnxruntime", threads=3)
+    assert backend_named("onnxruntime").cache_key() != backend_named("onnxruntime", graph_level="basic").cache_key()

@@ -1,0 +1,124 @@
+"""`aitune-export export` end to end on the CPU: a repository Triton can parse, an artifact that matches eager."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from optimizer.backend import backend_named
+from optimizer.backend.base import Artifact
+from optimizer.model.reference import run_reference
+from optimizer.model.samples import ShapePoint, generate_feed
+from optimizer.model.signature import Signature
+from optimizer.model.source import load_model
+from optimizer.task.correctness import compare_outputs
+from optimizer.triton.model_config import parse
+from tests.conftest import run_cli, tree_snapshot
+
+pytestmark = pytest.mark.slow
+
+
+def _report(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _matches_eager(spec: str, published_file: Path, report: dict, points: list[ShapePoint]) -> None:
+    """Load the published file with its own runtime and compare with eager PyTorch."""
+    result = report["result"]
+    chosen = next(c for c in result["candidates"] if c["name"] == result["selected"])
+    art = Artifact.from_json(chosen["artifact"])
+    art.directory, art.files = str(published_file.parent), [published_file.name]
+    sig = Signature.from_json(result["signature"])
+    model = load_model(spec)
+    with backend_named(art.backend).load(art, "cpu", model) as runner:
+        for i, point in enumerate(points):
+            feed = generate_feed(sig, point, seed=50 + i)
+            case = compare_outputs(point.label, sig.output_names, [o.dtype.name for o in sig.outputs],
+                                   runner.infer(feed), run_reference(model, sig.input_names, feed))
+            assert case.passed, case.outputs
+
+
+def test_bundled_example_end_to_end(in_tmp: Path):
+    r = run_cli("export", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    model_dir = in_tmp / "model_repository" / "cnn"
+    config = parse((model_dir / "config.pbtxt").read_text())
+    assert config.name == "cnn" and config.max_batch_size >= 1
+    assert list(config.input[0].dims) == [3, 64, 64] and config.input[0].name == "image"
+    assert config.output[0].name == "output__0" and list(config.output[0].dims) == [10]
+    assert config.instance_group[0].kind == 2  # KIND_CPU
+    assert config.HasField("dynamic_batching") or config.max_batch_size == 1
+    report_path = in_tmp / "aitune-reports" / "cnn" / "report.json"
+    assert report_path.exists() and not (model_dir / "report.json").exists()
+    report = _report(report_path)
+    result = report["result"]
+    assert config.max_batch_size == result["max_batch_size"]
+    names = {c["name"]: c for c in result["candidates"]}
+    assert {"torchscript[cpu]", "onnxruntime[cpu]"} <= set(names)
+    assert result["eager"]["status"] == "passed" and result["eager"]["decision"]["profiles"]
+    for cand in names.values():
+        assert cand["status"] in ("passed", "failed", "unavailable", "skipped")
+        if cand["status"] == "passed":
+            assert cand["correctness"]["passed"] and cand["decision"]["profiles"]
+            assert cand["correctness"]["max_abs"] < 1e-3
+    platform_file = {"onnxruntime_onnx": "model.onnx", "pytorch_libtorch": "model.pt"}[config.platform]
+    published = model_dir / "1" / platform_file
+    assert published.exists()
+    _matches_eager("optimizer.examples.cnn:build", published, report, [ShapePoint(1, "max"), ShapePoint(7, "max")])
+    assert "selected" in r.stdout and "max_batch_size" in r.stdout
+
+
+def test_transformer_with_dynamic_sequence(in_tmp: Path):
+    r = run_cli("export", "optimizer.examples.transformer:build", "--input", "input_ids:int64:1-128",
+                "--value-range", "input_ids:0:999", "--backend", "onnxruntime", "--backend", "torchscript",
+                "--max-batch-size", "8", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    model_dir = in_tmp / "model_repository" / "transformer"
+    config = parse((model_dir / "config.pbtxt").read_text())
+    assert list(config.input[0].dims) == [-1] and config.input[0].data_type == 9  # TYPE_INT64
+    report = _report(in_tmp / "aitune-reports" / "transformer" / "report.json")
+    chosen = report["result"]["selected"]
+    points = [c["point"] for c in next(c for c in report["result"]["candidates"] if c["name"] == chosen)["correctness"]["cases"]]
+    assert "batch=1,axes=min" in points and "batch=3,axes=max" in points
+    published = next(p for p in (model_dir / "1").iterdir())
+    _matches_eager("optimizer.examples.transformer:build", published, report, [ShapePoint(1, "min"), ShapePoint(2, "max")])
+    assert config.max_batch_size <= 8
+
+
+def test_wrong_artifacts_are_rejected_with_their_error_and_nothing_is_published(in_tmp: Path):
+    r = run_cli("export", "tests.fixtures.models:differs_when_exported", "--max-batch-size", "2", cwd=in_tmp)
+    assert r.returncode == 1, r.stderr
+    assert "no candidate can be published" in r.stderr and "Traceback" not in r.stderr
+    assert not (in_tmp / "model_repository" / "differs_when_exported").exists()
+    result = _report(in_tmp / "aitune-reports" / "differs_when_exported" / "report.json")["result"]
+    assert result["selected"] is None
+    for cand in result["candidates"]:
+        assert cand["status"] == "failed" and cand["stage"] == "correctness"
+        assert "max abs error" in cand["reason"] and "max rel error" in cand["reason"]
+        assert cand["correctness"]["max_abs"] > 0.1
+
+
+def test_unseeded_factory_uses_the_parents_weights(in_tmp: Path):
+    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "4", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+
+
+def test_existing_model_is_never_damaged(in_tmp: Path):
+    args = ("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "2", "--eager-gate", "disabled")
+    assert run_cli(*args, cwd=in_tmp).returncode == 0
+    repo = in_tmp / "model_repository"
+    before = tree_snapshot(repo)
+    r = run_cli(*args, cwd=in_tmp)
+    assert r.returncode == 2 and "already exists" in r.stderr and "--version 2" in r.stderr
+    assert tree_snapshot(repo) == before
+    r = run_cli(*args, "--version", "2", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (repo / "mlp").iterdir()) == ["1", "2", "config.pbtxt"]
+    assert "version_policy" in (repo / "mlp" / "config.pbtxt").read_text()
+    r = run_cli(*args, "--overwrite", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (repo / "mlp").iterdir()) == ["1", "config.pbtxt"]
+    assert not any(p.name.startswith(".") for p in repo.iterdir())
