@@ -122,3 +122,17 @@ def test_existing_model_is_never_damaged(in_tmp: Path):
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (repo / "mlp").iterdir()) == ["1", "config.pbtxt"]
     assert not any(p.name.startswith(".") for p in repo.iterdir())
+
+
+def test_real_allocation_failure_under_a_small_memory_budget(in_tmp: Path):
+    r = run_cli("export", "tests.fixtures.models:wide", "--backend", "onnxruntime", "--max-batch-size", "4096",
+                "--memory-budget", "48MiB", "--eager-gate", "disabled", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    result = _report(in_tmp / "aitune-reports" / "wide" / "report.json")["result"]
+    decision = result["candidates"][0]["decision"]
+    assert decision["decided_by"] == "memory", decision["explanation"]
+    assert decision["failure"] and "batch" in decision["failure"]
+    assert decision["ceiling"] == decision["max_batch_size"] < decision["first_failure"] <= 4096
+    assert result["max_batch_size"] == decision["max_batch_size"]
+    config = parse((in_tmp / "model_repository" / "wide" / "config.pbtxt").read_text())
+    assert config.max_batch_size == decision["max_batch_size"]

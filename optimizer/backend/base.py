@@ -168,6 +168,7 @@ class Backend:
     publishable: ClassVar[bool] = True
     distributed_ok: ClassVar[bool] = True  # can carry a distributed module's collectives
     workflow: ClassVar[frozenset[str]] = frozenset({"aot"})
+    needs_source_model: ClassVar[bool] = False  # load() runs the source module itself (torch-eager)
     default_settings: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **settings: Any) -> None:
@@ -214,6 +215,15 @@ class Backend:
     def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
         """A runner for the artifact. `model` is needed only by backends that run the source module (torch-eager)."""
         raise NotImplementedError
+
+    def release_memory(self, device: str) -> None:
+        """Give memory back after an allocation failure so smaller batches can still be measured."""
+        if device_kind(device) == "cuda":
+            import sys
+
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.cuda.empty_cache()
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         """The platform-specific part of config.pbtxt (parameters, optimization) for this artifact."""

@@ -23,6 +23,7 @@ class TorchEagerBackend(Backend):
     consumes = frozenset({"torch"})
     slow_imports = ("torch",)
     publishable = False
+    needs_source_model = True
     workflow = frozenset({"aot", "jit"})
 
     def _availability(self, device: str) -> Availability:

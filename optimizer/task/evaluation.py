@@ -1,7 +1,9 @@
-"""One candidate, start to finish, inside its own process: build, load, check against the reference, measure.
+"""One candidate in two isolated steps: build (and check against the reference), then measure.
 
-`evaluate_candidate` is what the child runs; `Candidate` is the plain record it returns. Progress
-is written after every step, so the parent can still report what a crashed child measured.
+Builds may run side by side (compilers are slow and mostly serial); measurements run one at a
+time on a quiet machine, each in a fresh process that loads only the artifact's runtime. Both
+steps write their progress after every step, so the parent can still report what a crashed
+child did.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import logging
 import os
 import resource
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +22,7 @@ from optimizer.backend import backend_named
 from optimizer.backend.base import Artifact
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
-from optimizer.model.source import ModelSource, load_source
+from optimizer.model.source import LoadedModel, ModelSource, load_source
 from optimizer.task.correctness import CorrectnessReport, Tolerance, compare_outputs
 from optimizer.task.find_max_batch_size import (
     BatchPolicy,
@@ -34,6 +37,7 @@ from optimizer.task.profiling import ProfileSettings, measure
 log = logging.getLogger(__name__)
 
 STATUSES = ("passed", "failed", "unavailable", "skipped")
+"""Final statuses; "built" exists only between the two steps."""
 
 
 @dataclass
@@ -44,15 +48,16 @@ class Candidate:
     backend: str
     device: str
     status: str = "skipped"
-    stage: str = ""  # where it stopped: availability, build, load, correctness, profile, crash, timeout
+    stage: str = ""  # where it stopped: availability, build, load, correctness, measure, crash, timeout
     reason: str = ""
     artifact: Artifact | None = None
     build_s: float = 0.0
+    measure_s: float = 0.0
     correctness: CorrectnessReport | None = None
     decision: MaxBatchDecision | None = None
     ceiling_estimate: int | None = None
     log: str = ""
-    cached: bool = False
+    cached: str = ""  # "", "build" or "build+measure": what was reused from the cache
     versions: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -61,7 +66,7 @@ class Candidate:
 
     @property
     def best_throughput(self) -> float:
-        return self.decision.best.throughput if self.decision and self.decision.profiles else 0.0
+        return self.decision.best.throughput if self.decision is not None and self.decision.profiles else 0.0
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,8 +85,8 @@ class Candidate:
 
 
 @dataclass
-class CandidateJob:
-    """Everything a child needs, as plain data."""
+class BuildJob:
+    """What a build child needs, as plain data."""
 
     backend: str
     device: str
@@ -91,17 +96,104 @@ class CandidateJob:
     correctness_feeds: str  # npz written by save_feeds
     reference_outputs: str  # npz of reference outputs, same order as the feeds
     correctness_points: list[str]
+    batch_max: int
+    backend_settings: dict[str, Any] = field(default_factory=dict)
+    tolerances: dict[str, list[float]] = field(default_factory=dict)
+    state_dict: str | None = None  # weights snapshot from the parent (callable sources re-run their factory)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MeasureJob:
+    """What a measuring child needs: the built candidate, the profiling feed and the batch policy."""
+
+    candidate: dict[str, Any]  # Candidate.to_json() after the build step
+    source: dict[str, str]
+    signature: dict[str, Any]
+    workdir: str
     profile_feed: str  # npz with one feed at batch 1 (tiled to each batch size)
     policy: dict[str, Any]
     profile: dict[str, Any] = field(default_factory=dict)
     backend_settings: dict[str, Any] = field(default_factory=dict)
-    tolerances: dict[str, list[float]] = field(default_factory=dict)
-    state_dict: str | None = None  # weights snapshot from the parent (callable sources re-run their factory)
+    state_dict: str | None = None
     memory_budget_mb: float | None = None
-    deadline: float | None = None  # time.time() after which measuring stops
+    deadline: float | None = None  # time.time() after which no new batch size is measured
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def write_progress(path: Path, cand: Candidate) -> None:
+    """Atomically record what the child knows so far (the parent polls it)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cand.to_json()))
+    os.replace(tmp, path)
+
+
+def _load_model(source: dict[str, str], state_dict: str | None) -> LoadedModel:
+    model = load_source(ModelSource.from_json(source))
+    if state_dict and model.module is not None:
+        import torch
+
+        model.inner_module.load_state_dict(torch.load(state_dict, weights_only=True))
+    return model
+
+
+def build_candidate(payload: dict[str, Any]) -> dict[str, Any]:
+    """Child entry point of the build step: build, load, compare with the reference. Returns Candidate.to_json()."""
+    job = BuildJob(**payload)
+    backend = backend_named(job.backend, **job.backend_settings)
+    signature = Signature.from_json(job.signature)
+    workdir = Path(job.workdir)
+    progress = workdir / "progress.json"
+    cand = Candidate(backend.candidate_name(job.device), backend.name, job.device, versions=backend.versions())
+    model = _load_model(job.source, job.state_dict)
+    cand.stage = "build"
+    write_progress(progress, cand)
+    t0 = time.perf_counter()
+    try:
+        artifact = backend.build(model, signature, workdir / "artifact", (1, job.batch_max), job.device)
+    except Exception as err:
+        log.exception("%s | build failed", cand.name)
+        return _failed(cand, "build", f"build failed: {first_line(err)}")
+    cand.build_s = time.perf_counter() - t0
+    artifact.triton_settings = backend.triton_settings(artifact)
+    cand.artifact = artifact
+    log.info("%s | built %s in %.1f s", cand.name, artifact.files or "(nothing)", cand.build_s)
+    cand.stage = "correctness"
+    write_progress(progress, cand)
+
+    feeds = load_feeds(Path(job.correctness_feeds))
+    refs = load_feeds(Path(job.reference_outputs))
+    tolerances = {k: Tolerance(*v) for k, v in job.tolerances.items()}
+    try:
+        runner = backend.load(artifact, job.device, model)
+        runner.__enter__()
+    except Exception as err:
+        log.exception("%s | load failed", cand.name)
+        return _failed(cand, "load", f"load failed: {first_line(err)}")
+    try:
+        report = CorrectnessReport()
+        names = signature.output_names
+        dtypes = [o.dtype.name for o in signature.outputs]
+        for point, feed, ref in zip(job.correctness_points, feeds, refs):
+            try:
+                outs = runner.infer(feed)
+            except Exception as err:
+                log.exception("%s | inference failed at %s", cand.name, point)
+                report.error = f"inference failed at {point}: {first_line(err)}"
+                break
+            report.cases.append(compare_outputs(point, names, dtypes, outs, [ref[n] for n in names], tolerances))
+    finally:
+        runner.__exit__(None, None, None)
+    cand.correctness = report
+    if not report.passed:
+        return _failed(cand, "correctness", f"rejected: {report.reason}")
+    log.info("%s | correct (max abs %.2g, max rel %.2g)", cand.name, report.max_abs, report.max_rel)
+    cand.status, cand.stage = "built", ""
+    return cand.to_json()
 
 
 def _vm_data_bytes() -> int:
@@ -112,110 +204,76 @@ def _vm_data_bytes() -> int:
     return 0
 
 
-def _is_allocation_failure(err: BaseException) -> bool:
+def is_allocation_failure(err: BaseException) -> bool:
+    """Allocation failures look different per runtime (ORT raises its own Fail); all mention allocating."""
     text = str(err).lower()
-    return isinstance(err, MemoryError) or any(k in text for k in ("allocate", "out of memory", "bad_alloc", "cannot allocate"))
+    if isinstance(err, MemoryError):
+        return True
+    torch = sys.modules.get("torch")  # only a process that already runs torch can raise its CUDA OOM
+    if torch is not None and isinstance(err, torch.cuda.OutOfMemoryError):
+        return True
+    return any(k in text for k in ("allocate", "out of memory", "bad_alloc", "cannot allocate"))
 
 
-def _write_progress(path: Path, cand: Candidate) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cand.to_json()))
-    os.replace(tmp, path)
-
-
-def evaluate_candidate(payload: dict[str, Any]) -> dict[str, Any]:
-    """Child entry point: returns Candidate.to_json(). Failures on good input are recorded, not raised."""
-    job = CandidateJob(**payload)
-    backend = backend_named(job.backend, **job.backend_settings)
+def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
+    """Child entry point of the measure step: the max-batch search with profiling. Returns Candidate.to_json()."""
+    job = MeasureJob(**payload)
+    cand = Candidate.from_json(job.candidate)
+    backend = backend_named(cand.backend, **job.backend_settings)
     signature = Signature.from_json(job.signature)
-    workdir = Path(job.workdir)
-    progress = workdir / "progress.json"
-    cand = Candidate(backend.candidate_name(job.device), backend.name, job.device, versions=backend.versions())
-    model = load_source(ModelSource.from_json(job.source))
-    if job.state_dict and model.module is not None:
-        import torch
-
-        model.inner_module.load_state_dict(torch.load(job.state_dict, weights_only=True))
+    progress = Path(job.workdir) / "progress.json"
     policy = BatchPolicy.from_json(job.policy)
-    cand.stage = "build"
-    t0 = time.perf_counter()
+    settings = ProfileSettings(**job.profile)
+    model = _load_model(job.source, job.state_dict) if backend.needs_source_model else None
+    cand.stage = "measure"
+    write_progress(progress, cand)
+    assert cand.artifact is not None
     try:
-        artifact = backend.build(model, signature, workdir / "artifact", (1, policy.cap), job.device)
-    except Exception as err:
-        log.exception("%s | build failed", cand.name)
-        return _failed(cand, "build", f"build failed: {_first_line(err)}")
-    cand.build_s = time.perf_counter() - t0
-    artifact.triton_settings = backend.triton_settings(artifact)
-    cand.artifact = artifact
-    log.info("%s | built %s in %.1f s", cand.name, artifact.files or "(nothing)", cand.build_s)
-    _write_progress(progress, cand)
-
-    feeds = load_feeds(Path(job.correctness_feeds))
-    refs = load_feeds(Path(job.reference_outputs))
-    tolerances = {k: Tolerance(*v) for k, v in job.tolerances.items()}
-    cand.stage = "load"
-    try:
-        runner = backend.load(artifact, job.device, model)
+        runner = backend.load(cand.artifact, cand.device, model)
         runner.__enter__()
     except Exception as err:
         log.exception("%s | load failed", cand.name)
-        return _failed(cand, "load", f"load failed: {_first_line(err)}")
+        return _failed(cand, "load", f"load failed: {first_line(err)}")
+    t0 = time.perf_counter()
     try:
-        cand.stage = "correctness"
-        report = CorrectnessReport()
-        for point, feed, ref in zip(job.correctness_points, feeds, refs):
-            try:
-                outs = runner.infer(feed)
-            except Exception as err:
-                log.exception("%s | inference failed at %s", cand.name, point)
-                report.error = f"inference failed at {point}: {_first_line(err)}"
-                break
-            names = signature.output_names
-            expected = [ref[n] for n in names]
-            report.cases.append(compare_outputs(point, names, [o.dtype.name for o in signature.outputs], outs, expected, tolerances))
-        cand.correctness = report
-        _write_progress(progress, cand)
-        if not report.passed:
-            return _failed(cand, "correctness", f"rejected: {report.reason}")
-        log.info("%s | correct (max abs %.2g, max rel %.2g)", cand.name, report.max_abs, report.max_rel)
-
-        cand.stage = "profile"
         base = load_feeds(Path(job.profile_feed))[0]
-        settings = ProfileSettings(**job.profile)
+        runner.infer(tile_feed(base, 1) if signature.batching else base)  # load the runtime before the limit
         limit_mb = None
         if job.memory_budget_mb:
             limit = _vm_data_bytes() + int(job.memory_budget_mb * 2**20)
             resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
-            limit_mb = (limit / 2**20)
+            limit_mb = limit / 2**20
         partial: list[Any] = []
 
         def measure_batch(batch: int):
             if job.deadline and time.time() > job.deadline:
                 raise TimeBudgetExceeded("the time budget ran out")
-            feed = tile_feed(base, batch) if signature.batching else base
             try:
+                feed = tile_feed(base, batch) if signature.batching else base
                 runner.infer(feed)  # checked once, outside the timed windows
                 prof = measure(lambda: runner.run_unchecked(feed), batch if signature.batching else 1, settings)
             except Exception as err:
-                if _is_allocation_failure(err):
-                    log.info("%s | batch %d does not fit: %s", cand.name, batch, _first_line(err))
-                    raise OutOfMemory(f"batch {batch}: {_first_line(err)}") from err
+                if is_allocation_failure(err):
+                    log.info("%s | batch %d does not fit: %s", cand.name, batch, first_line(err))
+                    backend.release_memory(cand.device)
+                    raise OutOfMemory(f"batch {batch}: {first_line(err)}") from err
                 raise
             log.info("%s | batch %d: %.1f/s p50 %.2f ms p95 %.2f ms (cv %.3f, others %.0f%%)",
                      cand.name, batch, prof.throughput, prof.p50_ms, prof.p95_ms, prof.cv, 100 * prof.others_cpu_share)
             partial.append(prof)
             cand.decision = MaxBatchDecision(list(partial), 0, 0, 0, "in progress")
-            _write_progress(progress, cand)
+            write_progress(progress, cand)
             return prof
 
         try:
             decision = find_max_batch_size(measure_batch, policy, signature.batching)
         except Exception as err:
             log.exception("%s | measurement failed", cand.name)
-            return _failed(cand, "profile", f"measurement failed: {_first_line(err)}")
+            return _failed(cand, "measure", f"measurement failed: {first_line(err)}")
         cand.decision = decision
+        cand.measure_s = time.perf_counter() - t0
         if not decision.profiles:
-            return _failed(cand, "profile", f"no batch size could be measured: {decision.failure or decision.decided_by}")
+            return _failed(cand, "measure", f"no batch size could be measured: {decision.failure or decision.decided_by}")
         if limit_mb:
             cand.ceiling_estimate = decision.ceiling or estimate_ceiling(decision.profiles, limit_mb)
         cand.status, cand.stage, cand.reason = "passed", "", ""
@@ -229,7 +287,8 @@ def _failed(cand: Candidate, stage: str, reason: str) -> dict[str, Any]:
     return cand.to_json()
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """`Type: first line of the message`, for a one-line reason."""
     text = str(err).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(err).__name__}: {first}" if first else type(err).__name__

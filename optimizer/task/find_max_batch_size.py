@@ -1,8 +1,9 @@
 """Max batch size, measured on each candidate itself: grow the batch until a limit, refine, explain.
 
 Growth (1, 2, 4, ...) stops at the first of: allocation failure, the latency budget, throughput
-saturation (gain under `saturation_gain` for `saturation_steps` steps in a row), the user's cap
-or the search cap, the time budget. A memory or latency stop is refined by bisection between the
+saturation (gain under `saturation_gain` for `saturation_steps` steps in a row; only when the
+size is searched, not when the user asked for one), the user's cap or the search cap, the time
+budget. A memory or latency stop is refined by bisection between the
 last good and the first bad size. The knee (smallest batch within `saturation_gain` of the best
 throughput) and the capacity ceiling are reported separately from the published maximum.
 """
@@ -169,7 +170,7 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
         if batch >= cap:
             decided_by = "user_cap" if policy.max_batch_size else "search_cap"
             break
-        if _saturated(good, policy.saturation_gain, policy.saturation_steps):
+        if policy.max_batch_size is None and _saturated(good, policy.saturation_gain, policy.saturation_steps):
             decided_by = "saturation"
             break
         batch = min(batch * 2, cap)

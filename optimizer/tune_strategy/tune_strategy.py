@@ -11,7 +11,10 @@ import json
 import logging
 import platform
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar, Sequence
 
@@ -19,9 +22,9 @@ from optimizer.backend import EAGER, Backend, backend_named
 from optimizer.backend.base import cpu_cores
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
-from optimizer.task.evaluation import Candidate, CandidateJob
+from optimizer.task.evaluation import BuildJob, Candidate, MeasureJob
 from optimizer.task.find_max_batch_size import BatchPolicy
-from optimizer.task.isolation import run_isolated
+from optimizer.task.isolation import ChildOutcome, run_isolated
 from optimizer.tune_strategy.context import TuneContext
 from optimizer.tune_strategy.mixin.find_max_batch_size_mixin import FindMaxBatchSizeMixin
 from optimizer.tune_strategy.result import TuneResult
@@ -73,12 +76,17 @@ class TuneStrategy(FindMaxBatchSizeMixin):
     def _metric_label(self) -> str:
         return "highest throughput" if self.higher_is_better else "lowest latency"
 
-    def _fmt(self, value: float) -> str:
+    def _fmt(self, value: float | None) -> str:
+        if value is None:
+            return "no usable measurement"
         return f"{value:.1f}/s" if self.higher_is_better else f"{value:.2f} ms"
 
     # -- the shared run -----------------------------------------------------------------------
     def tune(self, ctx: TuneContext) -> TuneResult:
-        """Evaluate every candidate (and eager, unless the gate is disabled) and select one."""
+        """Build every candidate (side by side), then measure each one alone, then select.
+
+        Eager PyTorch is measured too unless the gate is disabled; it is the bar, never published.
+        """
         t0 = time.perf_counter()
         backends = self._candidate_backends(ctx)
         if not backends:
@@ -106,15 +114,13 @@ class TuneStrategy(FindMaxBatchSizeMixin):
                     continue
             ctx.on_event(Event("build", "skipped", cand.name, cand.reason))
             candidates.append(cand)
+        runner = _CandidateRunner(self, ctx, policy, deadline)
+        built = runner.build_all(runnable)
         eager = None
-        total = len(runnable) + (1 if self._wants_eager(ctx) else 0)
-        done = 0
         if self._wants_eager(ctx):
-            eager = self._evaluate(backend_named(EAGER), ctx, policy, deadline, done, total)
-            done += 1
-        for b in runnable:
-            candidates.append(self._evaluate(b, ctx, policy, deadline, done, total))
-            done += 1
+            eager = runner.measure(runner.eager_built())
+        for cand in built:
+            candidates.append(runner.measure(cand) if cand.status == "built" else cand)
         order = {b.name: i for i, b in enumerate(backends)}
         candidates.sort(key=lambda c: order.get(c.backend, len(order)))
         passed = [c for c in candidates if c.passed]
@@ -150,8 +156,10 @@ class TuneStrategy(FindMaxBatchSizeMixin):
         if eager is None or not eager.passed:
             return None
         mine, theirs = self._metric(cand), self._metric(eager)
-        if mine is None or theirs is None:
+        if mine is None:
             return None
+        if theirs is None:  # eager has no measurement that meets the strategy's constraint
+            return True
         return mine > theirs if self.higher_is_better else mine < theirs
 
     def _select(self, passed: list[Candidate], eager: Candidate | None, warnings: list[str]) -> tuple[Candidate | None, str]:
@@ -175,14 +183,49 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             why += f"; {'beats' if verdict else 'does not beat'} eager ({self._fmt(self._metric(eager))})"
         return best, why
 
-    def _evaluate(self, backend: Backend, ctx: TuneContext, policy: BatchPolicy, deadline: float | None, done: int, total: int) -> Candidate:
+
+
+BUILD_WORKERS_MAX = 2
+"""Builds running at once: compilers are mostly serial, so two keep two cores busy."""
+
+
+class _CandidateRunner:
+    """Runs the build and measure steps of candidates in child processes and turns outcomes into Candidates."""
+
+    def __init__(self, strategy: TuneStrategy, ctx: TuneContext, policy: BatchPolicy, deadline: float | None) -> None:
+        self.strategy, self.ctx, self.policy, self.deadline = strategy, ctx, policy, deadline
+        self._lock = threading.Lock()
+        self._backend_of: dict[str, Backend] = {}  # candidate name -> the configured backend that built it
+        self.total = 0
+        self.done = 0
+
+    def _workdir(self, name: str) -> Path:
+        return self.ctx.workdir / "candidates" / name.replace("[", "_").replace("]", "").replace(":", "_")
+
+    def _event(self, phase: str, state: str, name: str, message: str = "", elapsed: float = 0.0) -> None:
+        with self._lock:
+            self.ctx.on_event(Event(phase, state, name, message, self.done, self.total, elapsed))
+
+    # -- build ------------------------------------------------------------------------------
+    def build_all(self, backends: Sequence[Backend]) -> list[Candidate]:
+        """Build (and check) every runnable candidate, up to BUILD_WORKERS_MAX at a time, in candidate order."""
+        self.total = len(backends) * 2 + (1 if self.strategy._wants_eager(self.ctx) else 0)
+        workers = max(1, min(BUILD_WORKERS_MAX, cpu_cores(), len(backends)))
+        if workers == 1:
+            return [self.build(b) for b in backends]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="build") as pool:
+            return list(pool.map(self.build, backends))
+
+    def build(self, backend: Backend) -> Candidate:
+        ctx = self.ctx
         name = backend.candidate_name(ctx.device)
-        workdir = ctx.workdir / "candidates" / name.replace("[", "_").replace("]", "").replace(":", "_")
-        cached = ctx.cache.lookup(backend, ctx, policy) if ctx.cache is not None else None
+        self._backend_of[name] = backend
+        workdir = self._workdir(name)
+        cached = ctx.cache.lookup_build(backend, ctx) if ctx.cache is not None else None
         if cached is not None:
-            ctx.on_event(Event("profile", "done", name, "reused from the cache", done + 1, total))
+            self._step_done("build", name, "reused the cached build")
             return cached
-        job = CandidateJob(
+        job = BuildJob(
             backend=backend.name,
             device=ctx.device,
             source=ctx.model.source.to_json(),
@@ -191,42 +234,98 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             correctness_feeds=ctx.reference.feeds,
             reference_outputs=ctx.reference.outputs,
             correctness_points=ctx.reference.points,
-            profile_feed=ctx.reference.profile_feed,
-            policy=policy.to_json(),
-            profile=ctx.profile.__dict__,
+            batch_max=self.policy.cap,
             backend_settings=backend.settings,
             tolerances={k: [t.atol, t.rtol] for k, t in ctx.tolerances.items()},
             state_dict=ctx.state_dict,
-            memory_budget_mb=self.memory_budget_mb,
-            deadline=deadline,
         )
-        ctx.on_event(Event("build", "start", name, "", done, total))
-        watcher = _StageWatcher(workdir / "progress.json", ctx, name, done, total)
-        outcome = run_isolated("optimizer.task.evaluation:evaluate_candidate", job.to_json(), workdir, None, "evaluate", watcher.poll)
-        if outcome.ok:
-            cand = Candidate.from_json(outcome.value)
-        else:
-            cand = watcher.last() or Candidate(name, backend.name, ctx.device)
-            cand.status, cand.stage = "failed", ("timeout" if outcome.timed_out else "crash")
-            cand.reason = f"{watcher.stage_label()} {outcome.reason}".strip()
-            if outcome.signal == "SIGKILL" and watcher.stage == "profile" and cand.decision and cand.decision.profiles:
-                _accept_partial_as_memory_limit(cand)
-        cand.log = str(workdir / "evaluate.log")
-        state = "done" if cand.passed else "failed"
-        ctx.on_event(Event("profile", state, name, cand.reason or _summary(cand), done + 1, total))
-        if ctx.cache is not None and cand.passed:
-            ctx.cache.store(backend, ctx, policy, cand)
+        self._event("build", "start", name)
+        watcher = _ProgressWatcher(workdir / "progress.json", self, name)
+        outcome = run_isolated("optimizer.task.evaluation:build_candidate", job.to_json(), workdir, ctx.build_timeout_s, "build", watcher.poll)
+        cand = self._outcome(outcome, watcher, backend, "build", "--build-timeout")
+        cand.log = str(workdir / "build.log")
+        if cand.status == "built" and ctx.cache is not None:
+            ctx.cache.store_build(backend, ctx, cand)
+        self._step_done("correctness" if cand.status == "built" else "build", name, cand.reason or "correct", failed=cand.status != "built")
         return cand
 
+    def eager_built(self) -> Candidate:
+        """Eager needs no build: its artifact is the source module itself."""
+        backend = backend_named(EAGER)
+        name = backend.candidate_name(self.ctx.device)
+        self._backend_of[name] = backend
+        art = backend.build(self.ctx.model, self.ctx.signature, self._workdir(name), (1, self.policy.cap), self.ctx.device)
+        return Candidate(name, backend.name, self.ctx.device, status="built", artifact=art)
 
-class _StageWatcher:
-    """Turns the child's progress file into events and enforces the per-stage timeouts."""
+    # -- measure ----------------------------------------------------------------------------
+    def measure(self, cand: Candidate) -> Candidate:
+        ctx = self.ctx
+        backend = self._backend_of[cand.name]
+        workdir = self._workdir(cand.name)
+        if self.deadline and time.time() > self.deadline:
+            cand.status, cand.stage, cand.reason = "skipped", "measure", "the time budget ran out before it was measured"
+            self._step_done("profile", cand.name, cand.reason, failed=True)
+            return cand
+        cached = ctx.cache.lookup_measurement(backend, ctx, self.policy, cand) if ctx.cache is not None else None
+        if cached is not None:
+            self._step_done("profile", cand.name, "reused the cached measurement; " + _summary(cached))
+            return cached
+        job = MeasureJob(
+            candidate=cand.to_json(),
+            source=ctx.model.source.to_json(),
+            signature=ctx.signature.to_json(),
+            workdir=str(workdir),
+            profile_feed=ctx.reference.profile_feed,
+            policy=self.policy.to_json(),
+            profile=asdict(ctx.profile),
+            backend_settings=backend.settings,
+            state_dict=ctx.state_dict,
+            memory_budget_mb=self.strategy.memory_budget_mb,
+            deadline=self.deadline,
+        )
+        self._event("profile", "start", cand.name)
+        watcher = _ProgressWatcher(workdir / "progress.json", self, cand.name)
+        outcome = run_isolated("optimizer.task.evaluation:measure_candidate", job.to_json(), workdir, ctx.profile_timeout_s, "measure", watcher.poll)
+        result = self._outcome(outcome, watcher, backend, "measure", "--profile-timeout", before=cand)
+        result.log = cand.log + ("," if cand.log else "") + str(workdir / "measure.log")
+        if result.passed and ctx.cache is not None and backend.publishable:
+            ctx.cache.store_measurement(backend, ctx, self.policy, result)
+        self._step_done("profile", cand.name, result.reason or _summary(result), failed=not result.passed)
+        return result
 
-    def __init__(self, path: Path, ctx: TuneContext, name: str, done: int, total: int) -> None:
-        self.path, self.ctx, self.name, self.done, self.total = path, ctx, name, done, total
-        self.stage = "build"
-        self.stage_since = 0.0
+    def _outcome(self, outcome: ChildOutcome, watcher: _ProgressWatcher, backend: Backend, step: str, flag: str,
+                 before: Candidate | None = None) -> Candidate:
+        if outcome.ok:
+            return Candidate.from_json(outcome.value)
+        cand = watcher.last() or before or Candidate(backend.candidate_name(self.ctx.device), backend.name, self.ctx.device)
+        what = "building" if step == "build" else "measuring"
+        if outcome.timed_out:
+            cand.status, cand.stage = "failed", "timeout"
+            cand.reason = f"stopped while {what}: {outcome.reason}; raise {flag} if it needs longer"
+        elif not outcome.signal and outcome.exitcode == 0:
+            cand.status, cand.stage = "failed", step
+            cand.reason = f"{what} failed: {outcome.reason}"
+        else:
+            cand.status, cand.stage = "failed", "crash"
+            cand.reason = f"the {step} process {outcome.reason}"
+            if outcome.signal == "SIGKILL" and step == "measure" and cand.decision is not None and cand.decision.profiles:
+                _accept_partial_as_memory_limit(cand)
+        return cand
+
+    def _step_done(self, phase: str, name: str, message: str, failed: bool = False) -> None:
+        with self._lock:
+            self.done += 1
+        self._event(phase, "failed" if failed else "done", name, message)
+
+
+class _ProgressWatcher:
+    """Turns a child's progress file into progress events (stage changes, each batch size measured)."""
+
+    def __init__(self, path: Path, runner: _CandidateRunner, name: str) -> None:
+        self.path, self.runner, self.name = path, runner, name
         self._seen = -1.0
+        self._stage = ""
+        self._batches = 0
         self.path.unlink(missing_ok=True)
 
     def last(self) -> Candidate | None:
@@ -235,30 +334,25 @@ class _StageWatcher:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def stage_label(self) -> str:
-        return {"build": "while building:", "correctness": "while checking correctness:", "profile": "while measuring:"}.get(self.stage, "")
-
-    def poll(self, elapsed: float) -> str | None:
+    def poll(self, elapsed: float) -> None:
         try:
-            mtime = self.path.stat().st_mtime
+            mtime = self.path.stat().st_mtime_ns
         except OSError:
-            mtime = -1.0
-        if mtime != self._seen and mtime > 0:
-            self._seen = mtime
-            cand = self.last()
-            if cand is not None:
-                stage = "profile" if cand.decision else ("correctness" if cand.artifact else "build")
-                if stage != self.stage:
-                    self.stage, self.stage_since = stage, elapsed
-                msg = ""
-                if cand.decision and cand.decision.profiles:
-                    p = cand.decision.profiles[-1]
-                    msg = f"batch {p.batch_size}: {p.throughput:.1f}/s"
-                self.ctx.on_event(Event(self.stage, "progress", self.name, msg, self.done, self.total, elapsed))
-        limit = self.ctx.build_timeout_s if self.stage in ("build", "correctness") else self.ctx.profile_timeout_s
-        if limit is not None and elapsed - self.stage_since > limit:
-            flag = "--build-timeout" if self.stage in ("build", "correctness") else "--profile-timeout"
-            return f"timed out after {limit:.0f} s; raise {flag} if it needs longer"
+            return None
+        if mtime == self._seen:
+            return None
+        self._seen = mtime
+        cand = self.last()
+        if cand is None:
+            return None
+        if cand.stage and cand.stage != self._stage:
+            self._stage = cand.stage
+            phase = {"measure": "profile"}.get(cand.stage, cand.stage)
+            self.runner._event(phase, "progress", self.name, cand.stage, elapsed)
+        if cand.decision is not None and len(cand.decision.profiles) > self._batches:
+            self._batches = len(cand.decision.profiles)
+            p = cand.decision.profiles[-1]
+            self.runner._event("profile", "progress", self.name, f"batch {p.batch_size}: {p.throughput:.1f}/s, p95 {p.p95_ms:.2f} ms", elapsed)
         return None
 
 

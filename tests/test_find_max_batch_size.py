@@ -1,0 +1,127 @@
+"""The max-batch search stops for each reason and explains itself (fake measurements, no timing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from optimizer.task.find_max_batch_size import (
+    BatchPolicy,
+    OutOfMemory,
+    TimeBudgetExceeded,
+    estimate_ceiling,
+    find_max_batch_size,
+    knee_of,
+)
+from optimizer.task.profiling import BatchProfile
+
+
+def profile(batch: int, throughput: float, p95_ms: float | None = None, rss: float = 0.0) -> BatchProfile:
+    latency = batch * 1000.0 / throughput
+    return BatchProfile(batch, latency, latency, p95_ms or latency, latency, latency, throughput, 10, 3, True, 0.01, 0.0, rss)
+
+
+class FakeModel:
+    """throughput(batch) and the batch sizes that run out of memory; records what was measured."""
+
+    def __init__(self, throughput, oom_above: int | None = None, p95=None):
+        self.throughput, self.oom_above, self.p95 = throughput, oom_above, p95
+        self.measured: list[int] = []
+
+    def __call__(self, batch: int) -> BatchProfile:
+        self.measured.append(batch)
+        if self.oom_above is not None and batch > self.oom_above:
+            raise OutOfMemory(f"batch {batch}: cannot allocate")
+        return profile(batch, self.throughput(batch), self.p95(batch) if self.p95 else None)
+
+
+def test_saturation_stops_two_steps_after_the_knee():
+    fake = FakeModel(lambda b: {1: 100, 2: 190, 4: 195, 8: 203, 16: 204}[b])
+    d = find_max_batch_size(fake, BatchPolicy())
+    assert fake.measured == [1, 2, 4, 8]
+    assert d.decided_by == "saturation" and d.max_batch_size == 8
+    assert d.knee == 4 and d.best_batch == 8
+    assert "throughput stopped growing" in d.explanation
+
+
+def test_growth_resumes_when_throughput_climbs_again():
+    fake = FakeModel(lambda b: {1: 100, 2: 102, 4: 130, 8: 131, 16: 132, 32: 133}[b])
+    d = find_max_batch_size(fake, BatchPolicy())
+    assert fake.measured == [1, 2, 4, 8, 16] and d.max_batch_size == 16
+
+
+def test_allocation_failure_is_refined_by_bisection():
+    fake = FakeModel(lambda b: 100.0 * b, oom_above=45)
+    d = find_max_batch_size(fake, BatchPolicy(search_cap=1024))
+    assert d.decided_by == "memory"
+    assert d.max_batch_size == 45 and d.ceiling == 45 and d.first_failure == 46
+    assert fake.measured[:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert "allocation failed" in d.explanation and "46" in d.explanation
+
+
+def test_latency_budget_is_refined_and_over_budget_sizes_are_kept_apart():
+    fake = FakeModel(lambda b: 100.0 * b, p95=lambda b: 1.0 * b)
+    d = find_max_batch_size(fake, BatchPolicy(latency_budget_ms=20.0, search_cap=512))
+    assert d.decided_by == "latency_budget" and d.max_batch_size == 20
+    assert all(p.p95_ms <= 20 for p in d.profiles)
+    assert d.over_budget and all(p.p95_ms > 20 for p in d.over_budget)
+
+
+def test_user_cap_is_measured_even_off_the_power_of_two_ladder():
+    fake = FakeModel(lambda b: 100.0 * b)
+    d = find_max_batch_size(fake, BatchPolicy(max_batch_size=12))
+    assert fake.measured == [1, 2, 4, 8, 12] and d.decided_by == "user_cap" and d.max_batch_size == 12
+
+
+def test_a_requested_size_is_verified_past_saturation():
+    fake = FakeModel(lambda b: 100.0)
+    d = find_max_batch_size(fake, BatchPolicy(max_batch_size=16))
+    assert fake.measured == [1, 2, 4, 8, 16] and d.decided_by == "user_cap" and d.max_batch_size == 16
+
+
+def test_search_cap_when_throughput_keeps_growing():
+    fake = FakeModel(lambda b: 100.0 * b)
+    d = find_max_batch_size(fake, BatchPolicy(search_cap=64))
+    assert d.decided_by == "search_cap" and d.max_batch_size == 64
+
+
+def test_time_budget_keeps_what_was_measured():
+    def measure(b):
+        if b > 4:
+            raise TimeBudgetExceeded("the time budget ran out")
+        return profile(b, 100.0 * b)
+
+    d = find_max_batch_size(measure, BatchPolicy())
+    assert d.decided_by == "time_budget" and d.max_batch_size == 4
+
+
+def test_recorded_batch_sizes_only_for_jit():
+    fake = FakeModel(lambda b: 100.0 * b)
+    d = find_max_batch_size(fake, BatchPolicy(batch_sizes=(3, 1, 7)))
+    assert fake.measured == [1, 3, 7] and d.decided_by == "recorded" and d.max_batch_size == 7
+
+
+def test_batch_one_out_of_memory_leaves_no_deployable_size():
+    fake = FakeModel(lambda b: 100.0, oom_above=0)
+    d = find_max_batch_size(fake, BatchPolicy())
+    assert d.profiles == [] and d.max_batch_size == 0 and d.decided_by == "memory"
+
+
+def test_non_batching_models_measure_once():
+    fake = FakeModel(lambda b: 50.0)
+    d = find_max_batch_size(fake, BatchPolicy(), batching=False)
+    assert fake.measured == [1] and d.max_batch_size == 0 and d.decided_by == "no_batching"
+
+
+def test_knee_and_ceiling_estimate():
+    profiles = [profile(1, 100), profile(2, 196), profile(4, 199)]
+    assert knee_of(profiles, 0.05) == 2
+    rss = [profile(1, 1, rss=300), profile(16, 1, rss=330), profile(64, 1, rss=426)]
+    assert estimate_ceiling(rss, limit_mb=1300) == 64 + int((1300 - 426) / 2.0)
+
+
+def test_decision_round_trips_through_json():
+    from optimizer.task.find_max_batch_size import MaxBatchDecision
+
+    d = find_max_batch_size(FakeModel(lambda b: 100.0 * b, oom_above=5), BatchPolicy())
+    again = MaxBatchDecision.from_json(d.to_json())
+    assert again.to_json() == d.to_json()
