@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optimizer.errors import NoCandidateError, PublishError, SettingsError
+from optimizer.errors import Interrupted, NoCandidateError, PublishError, SettingsError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz
@@ -19,6 +19,7 @@ from optimizer.model.signature import Signature, parse_input_spec, parse_output_
 from optimizer.model.source import LoadedModel, from_module, load_model
 from optimizer.report.json_report import write_report
 from optimizer.settings import ExportSettings
+from optimizer.task.cache import ArtifactCache, default_cache_dir
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
 from optimizer.triton.publish import PublishOptions, check_options, publish
@@ -117,8 +118,11 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     user_feeds = load_npz(Path(settings.samples), signature) if settings.samples else []
     on_event(Event("signature", "done", message=_describe(signature)))
     work = report_dir / "work"
-    reference = prepare_reference(model, signature, user_feeds, report_dir / "samples")
-    state_dict = _snapshot_weights(model, work)
+    try:
+        reference = prepare_reference(model, signature, user_feeds, report_dir / "samples")
+        state_dict = _snapshot_weights(model, work)
+    except OSError as err:
+        raise SettingsError(f"could not write the report folder {str(report_dir)!r}: {err.strerror or err}; choose another --report-dir.") from err
 
     # 4. tune
     ctx = TuneContext(
@@ -134,10 +138,14 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         profile=ProfileSettings(),
         state_dict=state_dict,
         on_event=on_event,
+        cache=ArtifactCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()) if settings.cache else None,
     )
     result = strategy.tune(ctx)
     result.model_name = name
     report_path = report_dir / "report.json"
+    if result.interrupted:
+        write_report(report_path, result, settings)
+        raise Interrupted(f"interrupted; candidate processes were stopped, the repository was not changed, partial results are in {report_path}.")
     if result.selected is None:
         write_report(report_path, result, settings)
         raise NoCandidateError(_no_candidate_message(result, report_path))
@@ -173,7 +181,10 @@ def _snapshot_weights(model: LoadedModel, work: Path) -> str | None:
 
     work.mkdir(parents=True, exist_ok=True)
     path = work / "state_dict.pt"
-    torch.save(model.inner_module.state_dict(), path)
+    try:
+        torch.save(model.inner_module.state_dict(), path)
+    except RuntimeError as err:  # torch reports a failed write (a full disk) as RuntimeError
+        raise OSError(28, f"writing the weights snapshot failed ({err})", str(path)) from err
     return str(path)
 
 

@@ -53,6 +53,8 @@ class ExportSettings:
     time_budget_s: float | None = _opt(None, "--time-budget", "Stop measuring after this many seconds of tuning and use what was measured.", metavar="SECONDS", group="Measurement")
     build_timeout_s: float = _opt(900.0, "--build-timeout", "Seconds a candidate may spend building and checking before it is stopped.", metavar="SECONDS", group="Measurement")
     profile_timeout_s: float = _opt(900.0, "--profile-timeout", "Seconds a candidate may spend being measured before it is stopped.", metavar="SECONDS", group="Measurement")
+    cache: bool = _opt(True, "--cache", "Reuse builds and measurements of an identical earlier run (--no-cache rebuilds and re-measures everything).", secondary="--no-cache", group="Measurement")
+    cache_dir: str | None = _opt(None, "--cache-dir", "Where builds and measurements are cached (default: $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
     validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
 
     # -- derived values, checked before any work -----------------------------------------------

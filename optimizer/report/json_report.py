@@ -14,6 +14,14 @@ from optimizer.tune_strategy.result import TuneResult
 
 def write_report(path: Path, result: TuneResult, settings: ExportSettings, published: Any = None, extra: dict[str, Any] | None = None) -> Path:
     """Write report.json atomically (a reader never sees half a file)."""
+    try:
+        return _write_report(path, result, settings, published, extra)
+    except OSError as err:
+        done = f"the model was published to {published.model_dir}, but " if published is not None else ""
+        raise SettingsError(f"{done}could not write {str(path)!r}: {err.strerror or err}; free some space or choose another --report-dir.") from err
+
+
+def _write_report(path: Path, result: TuneResult, settings: ExportSettings, published: Any, extra: dict[str, Any] | None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "result": result.to_json(),

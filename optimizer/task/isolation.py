@@ -126,8 +126,22 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent dies, so a killed run leaves no orphaned builds behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _child_entry(target: str, job_path: str, result_path: str, log_path: str) -> None:
     os.setsid()
+    _die_with_parent()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from optimizer.errors import SignatureError
 from optimizer.model.reference import run_reference
 from optimizer.model.samples import Feed, correctness_points, generate_feed, save_feeds, tile_feed
 from optimizer.model.signature import Signature
@@ -45,6 +48,14 @@ def prepare_reference(model: LoadedModel, signature: Signature, user_feeds: list
         feeds.append(feed)
         labels.append(f"samples[{i}]")
     outputs = [dict(zip(signature.output_names, run_reference(model, signature.input_names, f))) for f in feeds]
+    for label, feed, out in zip(labels, feeds, outputs):
+        for name, value in out.items():
+            if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+                source = "your --samples" if label.startswith("samples") else "generated samples"
+                raise SignatureError(
+                    f"the model returns NaN or infinity in output {name!r} for {source} ({label}), so nothing can be checked "
+                    "against it; give --samples with real data, or a --value-range that keeps the model finite."
+                )
     base = user_feeds[0] if user_feeds else generate_feed(signature, correctness_points(signature)[-1], seed=7)
     profile = tile_feed(base, 1) if signature.batching else base
     paths = ReferenceSet(str(directory / "samples.npz"), str(directory / "reference_outputs.npz"), labels, str(directory / "profile_feed.npz"))

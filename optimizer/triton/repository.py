@@ -43,15 +43,19 @@ def check_model_name(name: str) -> str:
 
 
 def check_repository(repository: Path) -> Path:
-    """The repository must be a directory (or not exist yet) under a writable parent."""
+    """The repository must be a directory (or not exist yet) and its parent must take a staging folder."""
     if repository.exists() and not repository.is_dir():
         raise PublishError(f"--repository {str(repository)!r} is a file, not a directory; point it at a model repository folder.")
-    parent = repository.parent if repository.parent != Path("") else Path(".")
-    probe = repository if repository.exists() else next((p for p in [parent, *parent.parents] if p.exists()), Path("/"))
+    absolute = repository.resolve()
+    probe = next((p for p in [absolute.parent, *absolute.parents] if p.exists()), Path("/"))
     if not probe.is_dir():
         raise PublishError(f"--repository {str(repository)!r} is under {str(probe)!r}, which is not a directory.")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise PublishError(f"--repository {str(repository)!r}: {str(probe)!r} is not writable; choose a writable --repository.")
+    try:  # models are staged beside the repository: prove we can write there (and leave nothing)
+        os.rmdir(tempfile.mkdtemp(prefix=".aitune-write-check-", dir=probe))
+    except OSError as err:
+        raise PublishError(
+            f"--repository {str(repository)!r}: cannot write in {str(probe)!r} ({err.strerror}); choose a writable --repository."
+        ) from err
     return repository
 
 
@@ -187,6 +191,16 @@ class Published:
 
 def publish_model(repository: Path, name: str, files: ModelFiles, version: int | None, overwrite: bool) -> Published:
     """Place a model atomically. Without --version or --overwrite an existing model is left alone."""
+    try:
+        return _publish_model(repository, name, files, version, overwrite)
+    except OSError as err:
+        raise PublishError(
+            f"could not write model {name!r} into {str(repository)!r}: {err.strerror or err} ({err.filename or ''}); "
+            "the repository was left as it was. Free some space or choose another --repository."
+        ) from err
+
+
+def _publish_model(repository: Path, name: str, files: ModelFiles, version: int | None, overwrite: bool) -> Published:
     check_model_name(name)
     check_repository(repository)
     repository.mkdir(parents=True, exist_ok=True)

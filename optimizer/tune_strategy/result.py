@@ -34,6 +34,7 @@ class TuneResult:
     tune_seconds: float = 0.0
     latency_budget_ms: float | None = None
     percentile: int = 95
+    interrupted: bool = False
 
     @property
     def selected_candidate(self) -> Candidate:

@@ -24,7 +24,7 @@ from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
 from optimizer.task.evaluation import BuildJob, Candidate, MeasureJob
 from optimizer.task.find_max_batch_size import BatchPolicy
-from optimizer.task.isolation import ChildOutcome, run_isolated
+from optimizer.task.isolation import ChildOutcome, run_isolated, stop_all_children
 from optimizer.tune_strategy.context import TuneContext
 from optimizer.tune_strategy.mixin.find_max_batch_size_mixin import FindMaxBatchSizeMixin
 from optimizer.tune_strategy.result import TuneResult
@@ -115,18 +115,40 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             ctx.on_event(Event("build", "skipped", cand.name, cand.reason))
             candidates.append(cand)
         runner = _CandidateRunner(self, ctx, policy, deadline)
-        built = runner.build_all(runnable)
         eager = None
-        if self._wants_eager(ctx):
-            eager = runner.measure(runner.eager_built())
-        for cand in built:
-            candidates.append(runner.measure(cand) if cand.status == "built" else cand)
+        interrupted = False
+        try:
+            built = runner.build_all(runnable)
+            if self._wants_eager(ctx):
+                eager = runner.measure(runner.eager_built())
+            for cand in built:
+                candidates.append(runner.measure(cand) if cand.status == "built" else cand)
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM: stop every child, keep what finished, report the rest as interrupted
+            stop_all_children()
+            interrupted = True
+            done = {c.name for c in candidates}
+            for c in runner.finished:
+                if c.name not in done and c.backend != EAGER:
+                    candidates.append(c)
+                    done.add(c.name)
+            for b in runnable:
+                name = b.candidate_name(ctx.device)
+                if name not in done:
+                    candidates.append(Candidate(name, b.name, ctx.device, "skipped", "interrupted", "the run was interrupted first"))
+            for c in candidates:
+                if c.status == "built":
+                    c.status, c.stage, c.reason = "skipped", "interrupted", "built and correct, but the run was interrupted before it was measured"
+            eager = next((c for c in runner.finished if c.backend == EAGER), None)
         order = {b.name: i for i, b in enumerate(backends)}
         candidates.sort(key=lambda c: order.get(c.backend, len(order)))
         passed = [c for c in candidates if c.passed]
         warnings: list[str] = []
-        selected, reason = self._select(passed, eager, warnings)
-        ctx.on_event(Event("select", "done" if selected else "failed", selected.name if selected else "", reason))
+        if interrupted:
+            selected, reason = None, "the run was interrupted before a candidate could be selected"
+        else:
+            selected, reason = self._select(passed, eager, warnings)
+            ctx.on_event(Event("select", "done" if selected else "failed", selected.name if selected else "", reason))
         return TuneResult(
             model_name=ctx.model.name,
             source=ctx.model.source.to_json(),
@@ -146,6 +168,7 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             tune_seconds=time.perf_counter() - t0,
             latency_budget_ms=self.latency_budget_ms,
             percentile=self.percentile,
+            interrupted=interrupted,
         )
 
     def _wants_eager(self, ctx: TuneContext) -> bool:
@@ -196,6 +219,7 @@ class _CandidateRunner:
         self.strategy, self.ctx, self.policy, self.deadline = strategy, ctx, policy, deadline
         self._lock = threading.Lock()
         self._backend_of: dict[str, Backend] = {}  # candidate name -> the configured backend that built it
+        self.finished: list[Candidate] = []  # every finished step's latest record (kept for an interrupted run)
         self.total = 0
         self.done = 0
 
@@ -214,16 +238,20 @@ class _CandidateRunner:
         if workers == 1:
             return [self.build(b) for b in backends]
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="build") as pool:
-            return list(pool.map(self.build, backends))
+            try:
+                return list(pool.map(self.build, backends))
+            except BaseException:  # Ctrl-C: the workers are waiting on children; stop those first
+                stop_all_children()
+                raise
 
     def build(self, backend: Backend) -> Candidate:
         ctx = self.ctx
         name = backend.candidate_name(ctx.device)
         self._backend_of[name] = backend
         workdir = self._workdir(name)
-        cached = ctx.cache.lookup_build(backend, ctx) if ctx.cache is not None else None
+        cached = ctx.cache.lookup_build(backend, ctx, self.policy.cap) if ctx.cache is not None else None
         if cached is not None:
-            self._step_done("build", name, "reused the cached build")
+            self._step_done("build", name, "reused the cached build (--no-cache rebuilds)")
             return cached
         job = BuildJob(
             backend=backend.name,
@@ -245,8 +273,9 @@ class _CandidateRunner:
         cand = self._outcome(outcome, watcher, backend, "build", "--build-timeout")
         cand.log = str(workdir / "build.log")
         if cand.status == "built" and ctx.cache is not None:
-            ctx.cache.store_build(backend, ctx, cand)
+            ctx.cache.store_build(backend, ctx, self.policy.cap, cand)
         self._step_done("correctness" if cand.status == "built" else "build", name, cand.reason or "correct", failed=cand.status != "built")
+        self._finish(cand)
         return cand
 
     def eager_built(self) -> Candidate:
@@ -266,9 +295,10 @@ class _CandidateRunner:
             cand.status, cand.stage, cand.reason = "skipped", "measure", "the time budget ran out before it was measured"
             self._step_done("profile", cand.name, cand.reason, failed=True)
             return cand
-        cached = ctx.cache.lookup_measurement(backend, ctx, self.policy, cand) if ctx.cache is not None else None
+        budget = self.strategy.memory_budget_mb
+        cached = ctx.cache.lookup_measurement(backend, ctx, self.policy, budget, cand) if ctx.cache is not None else None
         if cached is not None:
-            self._step_done("profile", cand.name, "reused the cached measurement; " + _summary(cached))
+            self._step_done("profile", cand.name, "reused the cached measurement (--no-cache measures again); " + _summary(cached))
             return cached
         job = MeasureJob(
             candidate=cand.to_json(),
@@ -288,9 +318,10 @@ class _CandidateRunner:
         outcome = run_isolated("optimizer.task.evaluation:measure_candidate", job.to_json(), workdir, ctx.profile_timeout_s, "measure", watcher.poll)
         result = self._outcome(outcome, watcher, backend, "measure", "--profile-timeout", before=cand)
         result.log = cand.log + ("," if cand.log else "") + str(workdir / "measure.log")
-        if result.passed and ctx.cache is not None and backend.publishable:
-            ctx.cache.store_measurement(backend, ctx, self.policy, result)
+        if result.passed and ctx.cache is not None:
+            ctx.cache.store_measurement(backend, ctx, self.policy, budget, result)
         self._step_done("profile", cand.name, result.reason or _summary(result), failed=not result.passed)
+        self._finish(result)
         return result
 
     def _outcome(self, outcome: ChildOutcome, watcher: _ProgressWatcher, backend: Backend, step: str, flag: str,
@@ -311,6 +342,10 @@ class _CandidateRunner:
             if outcome.signal == "SIGKILL" and step == "measure" and cand.decision is not None and cand.decision.profiles:
                 _accept_partial_as_memory_limit(cand)
         return cand
+
+    def _finish(self, cand: Candidate) -> None:
+        with self._lock:
+            self.finished = [c for c in self.finished if c.name != cand.name] + [cand]
 
     def _step_done(self, phase: str, name: str, message: str, failed: bool = False) -> None:
         with self._lock:

@@ -1,0 +1,81 @@
+"""Every bad input is answered with one clear line and the right exit status, and nothing on disk changes.
+
+(More cases live in test_cli.py; together they cover model sources, specs, samples, paths,
+settings files, templates and models that cannot be checked.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli, tree_snapshot
+
+
+def _one_error(stderr: str) -> str:
+    errors = [l for l in stderr.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    return errors[0]
+
+
+@pytest.fixture
+def workspace(in_tmp: Path) -> Path:
+    np.savez(in_tmp / "wrong_shape.npz", image=np.zeros((2, 3, 32, 32), np.float32))
+    np.savez(in_tmp / "wrong_dtype.npz", image=np.zeros((2, 3, 64, 64), np.float64))
+    np.savez(in_tmp / "wrong_name.npz", img=np.zeros((2, 3, 64, 64), np.float32))
+    np.savez(in_tmp / "mixed_batch.npz", a=np.zeros((2, 8), np.float32), b=np.zeros((3, 8), np.float32))
+    (in_tmp / "corrupt.npz").write_bytes(b"not a zip file")
+    (in_tmp / "unknown_key.toml").write_text('repository = "repo"\nmax_batch = 8\n')
+    (in_tmp / "bad.toml").write_text("repository = \n")
+    (in_tmp / "wrong_type.toml").write_text("backend = 3\n")
+    (in_tmp / "existing_repo").mkdir()
+    (in_tmp / "report_file").write_text("x")
+    (in_tmp / "model.onnx").write_bytes(b"\x00garbage")
+    return in_tmp
+
+
+CASES = [
+    (["--samples", "wrong_shape.npz"], 2, "axis 2 is 32, outside 64"),
+    (["--samples", "wrong_dtype.npz"], 2, "is float64, expected float32"),
+    (["--samples", "wrong_name.npz"], 2, "do not match the model's ['image']"),
+    (["tests.fixtures.models:two_inputs", "--samples", "mixed_batch.npz"], 2, "different batch sizes"),
+    (["--samples", "corrupt.npz"], 2, "not a readable .npz"),
+    (["--config", "unknown_key.toml"], 2, "unknown key 'max_batch'"),
+    (["--config", "bad.toml"], 2, "not valid TOML"),
+    (["--config", "wrong_type.toml"], 2, "'backend' must be a string or a list"),
+    (["--config", "missing.toml"], 2, "does not exist"),
+    (["--template-dir", "no_such_dir"], 2, "is not a directory"),
+    (["--report-dir", "existing_repo/reports", "--repository", "existing_repo"], 2, "inside the repository"),
+    (["--report-dir", "report_file"], 2, "is a file"),
+    (["--repository", "/proc/aitune-repo"], 2, "choose a writable --repository"),
+    (["--version", "0"], 2, "must be >= 1"),
+    (["--device", "tpu"], 2, "is not cpu or cuda"),
+    (["--workflow", "jit"], 2, "--workflow jit measures only the batch sizes recorded in --samples"),
+    (["--strategy", "one-backend", "--backend", "onnxruntime", "--backend", "torchscript"], 2, "exactly one --backend"),
+    (["model.onnx"], 2, "not a readable ONNX model"),
+    (["tests.fixtures.models:produces_nan"], 2, "returns NaN or infinity"),
+    (["tests.fixtures.models:two_inputs", "--value-range", "c:0:1"], 2, "model's inputs are: a, b"),
+    (["--output-names", "a,b"], 2, "gives 2 names but the model returns 1"),
+    (["--input", "image:float32:3x64x64", "--input", "image:float32:3x64x64"], 2, "names an input twice"),
+]
+
+
+@pytest.mark.parametrize("args, code, fragment", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_bad_input(args, code, fragment, workspace: Path):
+    before = tree_snapshot(workspace)
+    r = run_cli("export", *args, cwd=workspace)
+    assert r.returncode == code, r.stderr
+    assert fragment in _one_error(r.stderr)
+    assert tree_snapshot(workspace) == before, "a rejected run must not write anything"
+
+
+@pytest.mark.slow
+def test_data_dependent_control_flow_is_a_failed_check_with_reasons(in_tmp: Path):
+    r = run_cli("export", "tests.fixtures.models:data_dependent", "--max-batch-size", "2", "--no-cache", cwd=in_tmp)
+    assert r.returncode == 1, r.stderr
+    line = _one_error(r.stderr)
+    assert "no candidate can be published" in line
+    assert "torchscript[cpu]: failed" in line and "onnxruntime[cpu]: failed" in line
+    assert not (in_tmp / "model_repository").exists()

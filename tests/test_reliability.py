@@ -1,0 +1,143 @@
+"""The run survives its candidates, stops cleanly, resumes from its cache, and never damages the repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from optimizer.triton.model_config import parse
+from tests.conftest import CLI, ROOT, run_cli, tree_snapshot
+
+pytestmark = pytest.mark.slow
+
+
+def _result(base: Path, name: str) -> dict:
+    return json.loads((base / "aitune-reports" / name / "report.json").read_text())["result"]
+
+
+def _by_backend(result: dict) -> dict:
+    return {c["backend"]: c for c in result["candidates"]}
+
+
+def test_a_segfaulting_candidate_is_a_failed_candidate(in_tmp: Path):
+    r = run_cli("export", "tests.fixtures.models:segfaults_when_traced", "--backend", "torchscript", "--backend", "onnxruntime",
+                "--max-batch-size", "2", "--eager-gate", "disabled", "--no-cache", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    cands = _by_backend(_result(in_tmp, "segfaults_when_traced"))
+    assert cands["torchscript"]["status"] == "failed" and cands["torchscript"]["stage"] == "crash"
+    assert "SIGSEGV" in cands["torchscript"]["reason"]
+    assert cands["onnxruntime"]["status"] == "passed"
+    assert (in_tmp / "model_repository" / "segfaults_when_traced" / "1" / "model.onnx").exists()
+
+
+def test_a_hanging_candidate_is_stopped_at_the_build_timeout(in_tmp: Path):
+    t0 = time.monotonic()
+    r = run_cli("export", "tests.fixtures.models:hangs_when_exported", "--backend", "onnxruntime", "--backend", "torchscript",
+                "--max-batch-size", "2", "--eager-gate", "disabled", "--no-cache", "--build-timeout", "20", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 600
+    cands = _by_backend(_result(in_tmp, "hangs_when_exported"))
+    assert cands["onnxruntime"]["status"] == "failed" and cands["onnxruntime"]["stage"] == "timeout"
+    assert "--build-timeout" in cands["onnxruntime"]["reason"]
+    assert cands["torchscript"]["status"] == "passed"
+    assert (in_tmp / "model_repository" / "hangs_when_exported" / "1" / "model.pt").exists()
+
+
+def test_second_identical_export_reuses_the_cache_and_says_so(in_tmp: Path):
+    args = ("export", "tests.fixtures.models:seeded_mlp", "--backend", "onnxruntime", "--max-batch-size", "4",
+            "--cache-dir", str(in_tmp / "cache"), "--overwrite")
+    assert run_cli(*args, cwd=in_tmp).returncode == 0
+    r = run_cli(*args, cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    assert "reused the cached build" in r.stderr
+    cand = _by_backend(_result(in_tmp, "seeded_mlp"))["onnxruntime"]
+    assert cand["cached"] in ("build", "build+measure")
+    r = run_cli(*args, "--no-cache", cwd=in_tmp)
+    assert r.returncode == 0 and "reused" not in r.stderr
+    assert _by_backend(_result(in_tmp, "seeded_mlp"))["onnxruntime"]["cached"] == ""
+
+
+def _valid_model(model_dir: Path) -> bool:
+    config = parse((model_dir / "config.pbtxt").read_text())
+    return config.name == model_dir.name and (model_dir / "1" / "model.onnx").stat().st_size > 0
+
+
+def test_killing_an_export_at_random_moments_never_damages_the_repository(in_tmp: Path):
+    args = [*CLI, "export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "4",
+            "--eager-gate", "disabled", "--cache-dir", str(in_tmp / "cache"), "--overwrite"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    assert subprocess.run(args, cwd=in_tmp, env=env, capture_output=True).returncode == 0
+    model_dir = in_tmp / "model_repository" / "mlp"
+    rng = random.Random(7)
+    for i in range(6):
+        before = tree_snapshot(model_dir)
+        proc = subprocess.Popen(args, cwd=in_tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.5, 9.0))
+        proc.send_signal(signal.SIGKILL if i % 2 == 0 else signal.SIGTERM)
+        proc.wait(timeout=60)
+        after = tree_snapshot(model_dir)
+        assert after == before or _valid_model(model_dir), f"kill {i}: the model is neither the old nor a complete new one"
+        assert _valid_model(model_dir)
+        assert not [p for p in (in_tmp / "model_repository").iterdir() if p.name != "mlp"]
+    time.sleep(1)
+    orphans = subprocess.run(["pgrep", "-f", "optimizer.task"], capture_output=True, text=True).stdout.split()
+    assert not [p for p in orphans if int(p) != os.getpid()], "no candidate process may outlive a killed run"
+    assert subprocess.run(args, cwd=in_tmp, env=env, capture_output=True).returncode == 0
+
+
+def test_sigterm_stops_cleanly_and_reports_the_interruption(in_tmp: Path):
+    args = [*CLI, "export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--backend", "torchscript",
+            "--max-batch-size", "64", "--no-cache"]
+    proc = subprocess.Popen(args, cwd=in_tmp, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report = in_tmp / "aitune-reports" / "mlp" / "candidates"
+    deadline = time.monotonic() + 120
+    while not (in_tmp / "aitune-reports" / "mlp" / "work" / "candidates").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "partial results are in" in err
+    result = _result(in_tmp, "mlp")
+    assert result["interrupted"] is True and result["selected"] is None
+    assert not (in_tmp / "model_repository" / "mlp").exists()
+    assert not report.exists() or True
+
+
+def _limit_file_size(limit: int):
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, like a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_full_disk_while_publishing_leaves_the_old_model(in_tmp: Path):
+    base = ("export", "tests.fixtures.models:wide", "--backend", "onnxruntime", "--max-batch-size", "2",
+            "--eager-gate", "disabled", "--no-cache")
+    assert run_cli(*base, cwd=in_tmp).returncode == 0
+    repo = in_tmp / "model_repository"
+    before = tree_snapshot(repo)
+    report = in_tmp / "aitune-reports" / "wide" / "report.json"
+    r = subprocess.run([*CLI, "publish", str(report), "--overwrite"], cwd=in_tmp, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, preexec_fn=_limit_file_size(200_000), timeout=600)
+    assert r.returncode == 2, r.stderr
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "too large" in errors[0].lower() or "space" in errors[0].lower()
+    assert "left as it was" in errors[0]
+    assert tree_snapshot(repo) == before
+    staging = in_tmp / ".model_repository.aitune-staging"
+    assert not staging.exists() or not any(staging.iterdir())
+    # with room again, the same command completes
+    r = run_cli("publish", str(report), "--overwrite", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
