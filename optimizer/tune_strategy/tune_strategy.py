@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import sys
 import threading
@@ -409,6 +410,10 @@ def _summary(cand: Candidate) -> str:
     return f"{best.throughput:.1f}/s at batch {best.batch_size}, max batch {cand.decision.max_batch_size} ({cand.decision.decided_by})"
 
 
+NGC_VERSION_VARIABLES = ("NVIDIA_PYTORCH_VERSION", "NVIDIA_TRITON_SERVER_VERSION", "TENSORRT_VERSION", "CUDA_VERSION", "PYTORCH_VERSION")
+"""Set by NVIDIA's container images; recorded so a server image can refuse artifacts from another release."""
+
+
 def environment(candidates: Sequence[Candidate], eager: Candidate | None) -> dict[str, object]:
     """Where the measurements were taken: machine, Python and the libraries each candidate used."""
     from optimizer import __version__
@@ -424,6 +429,7 @@ def environment(candidates: Sequence[Candidate], eager: Candidate | None) -> dic
         "processor": _cpu_model(),
         "cpu_cores": cpu_cores(),
         "libraries": versions,
+        "ngc": {k: os.environ[k] for k in NGC_VERSION_VARIABLES if k in os.environ},
     }
 
 
