@@ -205,6 +205,7 @@ class TuneStrategy(FindMaxBatchSizeMixin):
         outcome = run_isolated("optimizer.task.evaluation:evaluate_candidate", job.to_json(), workdir, None, "evaluate", watcher.poll)
         if outcome.ok:
             cand = Candidate.from_json(outcome.value)
+            watcher.emit_new(cand, outcome.seconds)  # steps the child finished between the last two polls
         else:
             cand = watcher.last() or Candidate(name, backend.name, ctx.device)
             cand.status, cand.stage = "failed", ("timeout" if outcome.timed_out else "crash")
@@ -213,7 +214,8 @@ class TuneStrategy(FindMaxBatchSizeMixin):
                 _accept_partial_as_memory_limit(cand)
         cand.log = str(workdir / "evaluate.log")
         state = "done" if cand.passed else "failed"
-        ctx.on_event(Event("profile", state, name, cand.reason or _summary(cand), done + 1, total))
+        phase = "profile" if cand.passed else _PHASE_OF_STAGE.get(cand.stage, watcher.stage)
+        ctx.on_event(Event(phase, state, name, cand.reason or _summary(cand), done + 1, total))
         if ctx.cache is not None and cand.passed:
             ctx.cache.store(backend, ctx, policy, cand)
         return cand
@@ -227,6 +229,8 @@ class _StageWatcher:
         self.stage = "build"
         self.stage_since = 0.0
         self._seen = -1.0
+        self._built = self._checked = False
+        self._batches: set[int] = set()
         self.path.unlink(missing_ok=True)
 
     def last(self) -> Candidate | None:
@@ -250,16 +254,36 @@ class _StageWatcher:
                 stage = "profile" if cand.decision else ("correctness" if cand.artifact else "build")
                 if stage != self.stage:
                     self.stage, self.stage_since = stage, elapsed
-                msg = ""
-                if cand.decision and cand.decision.profiles:
-                    p = cand.decision.profiles[-1]
-                    msg = f"batch {p.batch_size}: {p.throughput:.1f}/s"
-                self.ctx.on_event(Event(self.stage, "progress", self.name, msg, self.done, self.total, elapsed))
+                self.emit_new(cand, elapsed)
         limit = self.ctx.build_timeout_s if self.stage in ("build", "correctness") else self.ctx.profile_timeout_s
         if limit is not None and elapsed - self.stage_since > limit:
             flag = "--build-timeout" if self.stage in ("build", "correctness") else "--profile-timeout"
             return f"timed out after {limit:.0f} s; raise {flag} if it needs longer"
         return None
+
+
+    def emit_new(self, cand: Candidate, elapsed: float) -> None:
+        """Events for every step the child finished since the last look (a fast child can finish several between polls)."""
+
+        def emit(phase: str, state: str, message: str = "") -> None:
+            self.ctx.on_event(Event(phase, state, self.name, message, self.done, self.total, elapsed))
+
+        if cand.artifact is not None and not self._built:
+            self._built = True
+            emit("build", "done", f"{', '.join(cand.artifact.files) or 'nothing to build'} in {cand.build_s:.1f} s")
+            emit("correctness", "start")
+        if cand.correctness is not None and cand.correctness.passed and not self._checked:
+            self._checked = True
+            emit("correctness", "done", f"max abs {cand.correctness.max_abs:.2g}, max rel {cand.correctness.max_rel:.2g}")
+            emit("profile", "start")
+        for p in cand.decision.profiles if cand.decision else ():
+            if p.batch_size not in self._batches:
+                self._batches.add(p.batch_size)
+                emit("profile", "progress", f"batch {p.batch_size}: {p.throughput:.1f}/s, p95 {p.p95_ms:.1f} ms")
+
+
+_PHASE_OF_STAGE = {"availability": "build", "build": "build", "load": "build", "correctness": "correctness", "profile": "profile"}
+"""Where a failed candidate stopped -> the event phase that reports it (crash/timeout: the stage being watched)."""
 
 
 def _accept_partial_as_memory_limit(cand: Candidate) -> None:
