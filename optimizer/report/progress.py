@@ -83,16 +83,19 @@ class RichProgress:
     def __init__(self, console: Any = None, auto_refresh: bool = True) -> None:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.table import Column
 
         self.console = console or Console(stderr=True)
+        fixed = dict(no_wrap=True)
         self.progress = Progress(
-            _state_column(SpinnerColumn()),
-            TextColumn("{task.description}", style="bold", markup=False),  # "[cpu]" is not markup
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}", markup=False),
-            _left_column(),
+            _state_column(SpinnerColumn(table_column=Column(width=1, **fixed))),
+            TextColumn("{task.description}", style="bold", markup=False, table_column=Column(**fixed)),  # "[cpu]" is not markup
+            TimeElapsedColumn(table_column=Column(**fixed)),
+            TextColumn("{task.fields[status]}", markup=False, table_column=Column(ratio=1, overflow="ellipsis", **fixed)),
+            _left_column(Column(**fixed)),
             console=self.console,
             auto_refresh=auto_refresh,
+            expand=True,
         )
         self._lines: dict[str, Any] = {}
         self._handlers: list[tuple[logging.StreamHandler, IO[str]]] = []
@@ -164,10 +167,10 @@ def _state_column(spinner: Any) -> Any:
                 return Text.from_markup(task.fields["icon"])
             return spinner.render(task)
 
-    return StateColumn()
+    return StateColumn(table_column=spinner.get_table_column())
 
 
-def _left_column() -> Any:
+def _left_column(column: Any) -> Any:
     """What is left of a counted line: its `left` field and, once one step finished, the time the rest should take."""
     from rich.progress import ProgressColumn
     from rich.text import Text
@@ -180,7 +183,7 @@ def _left_column() -> Any:
                 text += f", about {_duration(eta)}"
             return Text(text, style="dim")
 
-    return LeftColumn()
+    return LeftColumn(table_column=column)
 
 
 def _duration(seconds: float) -> str:
