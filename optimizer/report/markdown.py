@@ -205,7 +205,7 @@ def _max_batch(result: TuneResult) -> str:
     for p in sorted(d.profiles + d.over_budget, key=lambda p: p.batch_size):
         mark = " (published max)" if p.batch_size == result.max_batch_size else (" (over budget)" if p in d.over_budget else "")
         rows.append([f"{p.batch_size}{mark}", f"{p.throughput:.1f}", _ms(p.p50_ms), _ms(p.p95_ms), _ms(p.p99_ms),
-                     "yes" if p.stable else "no", f"{p.cv:.2f}", f"{100 * p.others_cpu_share:.0f}%", f"{p.peak_rss_mb:.0f}"])
+                     "yes" if p.stable else "no", f"{p.cv:.2f}" if p.cv >= 0 else "n/a", f"{100 * p.others_cpu_share:.0f}%", f"{p.peak_rss_mb:.0f}"])
     lines.append(_table(header, rows))
     return "\n".join(lines)
 
