@@ -198,12 +198,12 @@ def publish(report: str, repository: str | None, name: str | None, version: int 
     click.echo(f"published {published.model_dir} (version {published.version})")
 
 
-@main.command()
+@main.command("inspect")
 @click.argument("model", required=False)
 @click.option("--config", type=click.Path(dir_okay=False), help="A TOML settings file, as for export (flags given here win).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @_inspect_options
-def inspect(model: str | None, config: str | None, as_json: bool, **options: Any) -> None:
+def inspect_command(model: str | None, config: str | None, as_json: bool, **options: Any) -> None:
     """Show what `export MODEL` would use, building nothing: signature, candidates and their availability, strategy limits.
 
     The model is loaded and run on generated samples to observe its outputs; nothing is written.
@@ -219,10 +219,10 @@ def inspect(model: str | None, config: str | None, as_json: bool, **options: Any
         click.echo(line)
 
 
-@main.command()
+@main.command("report")
 @click.argument("report_json", metavar="REPORT", type=click.Path(dir_okay=False))
 @click.option("--output-dir", type=click.Path(file_okay=False), help="Write the files here instead of beside REPORT.")
-def report(report_json: str, output_dir: str | None) -> None:
+def report_command(report_json: str, output_dir: str | None) -> None:
     """Re-render report.md and the plots from a finished run's REPORT (report.json), without re-tuning."""
     from optimizer.report.markdown import write_report_files
 

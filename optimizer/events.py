@@ -3,11 +3,11 @@
 What a renderer may rely on (optimizer/report/progress.py relies on nothing else):
 
 - `phase` is one of PHASES; `state` is "start", "progress", "done", "failed" or "skipped".
-- Events with a `candidate` and a phase in CANDIDATE_PHASES describe that candidate. For each
-  candidate that runs: build start, build done, correctness start, correctness done, profile start,
-  one profile progress per measured batch size (message "batch N: ..."), then profile done. A
-  candidate that stops early ends with one "failed" event (in the phase where it stopped); one that
-  cannot run here gets one build "skipped". `done`/`total` count finished candidates (eager included).
+- Events with a `candidate` and a phase in CANDIDATE_PHASES describe that candidate; a candidate's
+  last event is its profile "done", or a "failed" / "skipped" in any of those phases
+  (`ends_candidate`). Each measured batch size is a profile "progress" whose message starts with
+  "batch N:". Other events of a candidate (build/correctness done, stage changes) are informative.
+- `done` / `total` count the finished steps of tuning (0 / 0 when an event is not counted).
 - Every other event describes a whole phase of the run (load, signature, reference, select,
   publish, report, validate): start, then done / failed / skipped.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from optimizer.backend import EAGER, Backend, backend_named
@@ -72,8 +73,6 @@ def inspect_model(settings: ExportSettings) -> Inspection:
     signature = resolve_signature(model, specs, ranges, output_names, settings.batching)
     recorded: list[int] = []
     if settings.samples:
-        from pathlib import Path
-
         feeds = load_npz(Path(settings.samples), signature)
         recorded = sorted(batch_sizes_of(feeds)) if signature.batching else []
     plans = []

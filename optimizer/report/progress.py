@@ -55,7 +55,7 @@ class PlainProgress:
         if e.state == "progress" and not e.message:
             return None
         text = " | ".join(p for p in (plain_text(e.candidate), plain_text(e.message)) if p)
-        count = f" (candidate {_ordinal(e)} of {e.total})" if e.total else ""
+        count = f" [{e.done}/{e.total}]" if e.total else ""
         elapsed = time.monotonic() - self._t0
         return plain_text(f"[{elapsed:7.1f}s] {e.phase:<11} {e.state:<8} {text}{count}")
 
@@ -66,11 +66,6 @@ class PlainProgress:
         stream = self.stream or sys.stderr
         stream.write(text + "\n")
         stream.flush()
-
-
-def _ordinal(e: Event) -> int:
-    """Which candidate an event is about: `done` counts finished ones, so a running one is done + 1."""
-    return e.done if ends_candidate(e) else e.done + 1
 
 
 class RichProgress:
@@ -134,14 +129,14 @@ class RichProgress:
         task = self._line(f"candidate:{e.candidate}", f"  {e.candidate}")
         if ends_candidate(e):
             self._finish(task, e.state, message)
-        else:
-            self.progress.update(task, status=f"{e.phase}: {message}" if message else f"{e.phase}...")
+        else:  # a bare stage word ("measure") says no more than the phase
+            self.progress.update(task, status=f"{e.phase}: {message}" if " " in message else f"{e.phase}...")
         if e.total:
             left = e.total - e.done
-            self.progress.update(tune, total=e.total, completed=e.done, status=f"{e.done}/{e.total} candidates measured",
+            self.progress.update(tune, total=e.total, completed=e.done, status=f"{e.done}/{e.total} steps done",
                                  left=f"{left} left" if left else "")
             if not left:
-                self._finish(tune, "done", f"{e.total}/{e.total} candidates measured")
+                self._finish(tune, "done", f"{e.total}/{e.total} steps done")
 
     def __call__(self, e: Event) -> None:
         message = plain_text(e.message)
