@@ -19,7 +19,6 @@ import click
 
 from optimizer import __version__
 from optimizer.errors import Interrupted, OptimizerError
-from optimizer.events import Event
 from optimizer.settings import ExportSettings, KEYS, load_settings_file, settings_from
 
 log = logging.getLogger("optimizer")
@@ -58,36 +57,22 @@ def _run_guarded(fn: Callable[[], Any]) -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
-class PlainProgress:
-    """Progress as plain start/finish lines on stderr (a terminal gets the same, minus nothing: no control characters)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-
-    def __call__(self, e: Event) -> None:
-        if self.quiet or e.state == "progress":
-            return
-        who = f"{e.candidate} | " if e.candidate else ""
-        count = f" [{e.done}/{e.total}]" if e.total else ""
-        click.echo(f"{e.phase:<11} {e.state:<7} {who}{e.message}{count}".rstrip(), err=True)
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="aitune-export")
-@click.option("-v", "--verbose", count=True, help="More log output (repeat for debug).")
-@click.option("-q", "--quiet", count=True, help="Less output: no progress lines.")
+@click.option("-v", "--verbose", count=True, help="More log output (repeat for debug); progress becomes plain lines.")
+@click.option("-q", "--quiet", count=True, help="Less output: -q shows only finished steps as plain lines, -qq no progress.")
 @click.pass_context
 def main(ctx: click.Context, verbose: int, quiet: int) -> None:
     """Tune a PyTorch model over inference backends and publish a Triton model repository."""
     _configure_logging(verbose - quiet)
-    ctx.obj = {"quiet": quiet > 0}
+    ctx.obj = {"quiet": quiet > 0, "verbosity": verbose - quiet}
 
 
-def _settings_options(fn: Callable) -> Callable:
-    """Add one click option per ExportSettings field (except MODEL, which is an argument)."""
+def _settings_options(fn: Callable, groups: tuple[str, ...] = ()) -> Callable:
+    """Add one click option per ExportSettings field (except MODEL, which is an argument); only `groups` when given."""
     for f in reversed(fields(ExportSettings)):
         meta = f.metadata
-        if meta["flag"] == "MODEL":
+        if meta["flag"] == "MODEL" or (groups and meta["group"] not in groups):
             continue
         kwargs: dict[str, Any] = {"help": meta["help"], "default": None}
         decl = [meta["flag"]]
@@ -111,6 +96,11 @@ def _settings_options(fn: Callable) -> Callable:
             kwargs["help"] += f"  [default: {meta['flag'] if f.default else meta['secondary']}]"
         fn = click.option(*decl, f.name, **kwargs)(fn)
     return fn
+
+
+def _inspect_options(fn: Callable) -> Callable:
+    """The export options that change what `inspect` shows (model, tuning and measurement; not publishing)."""
+    return _settings_options(fn, ("Model", "Tuning", "Measurement"))
 
 
 def settings_from_cli(model: str | None, config: str | None, options: dict[str, Any]) -> ExportSettings:
@@ -139,8 +129,11 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     """
     from optimizer.export import export as run_export
 
+    from optimizer.report.progress import choose_progress
+
     settings = _run_guarded(lambda: settings_from_cli(model, config, options))
-    outcome = _run_guarded(lambda: run_export(settings, on_event=PlainProgress(ctx.obj["quiet"] or as_json)))
+    with choose_progress(ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
+        outcome = _run_guarded(lambda: run_export(settings, on_event=progress))
     result = outcome.result
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -203,6 +196,39 @@ def publish(report: str, repository: str | None, name: str | None, version: int 
 
     published = _run_guarded(run)
     click.echo(f"published {published.model_dir} (version {published.version})")
+
+
+@main.command("inspect")
+@click.argument("model", required=False)
+@click.option("--config", type=click.Path(dir_okay=False), help="A TOML settings file, as for export (flags given here win).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@_inspect_options
+def inspect_command(model: str | None, config: str | None, as_json: bool, **options: Any) -> None:
+    """Show what `export MODEL` would use, building nothing: signature, candidates and their availability, strategy limits.
+
+    The model is loaded and run on generated samples to observe its outputs; nothing is written.
+    """
+    from optimizer.inspection import describe, inspect_model
+
+    settings = _run_guarded(lambda: settings_from_cli(model, config, options))
+    found = _run_guarded(lambda: inspect_model(settings))
+    if as_json:
+        click.echo(json.dumps(found.to_json(), indent=2))
+        return
+    for line in describe(found):
+        click.echo(line)
+
+
+@main.command("report")
+@click.argument("report_json", metavar="REPORT", type=click.Path(dir_okay=False))
+@click.option("--output-dir", type=click.Path(file_okay=False), help="Write the files here instead of beside REPORT.")
+def report_command(report_json: str, output_dir: str | None) -> None:
+    """Re-render report.md and the plots from a finished run's REPORT (report.json), without re-tuning."""
+    from optimizer.report.markdown import write_report_files
+
+    rendered = _run_guarded(lambda: write_report_files(Path(report_json), Path(output_dir) if output_dir else None))
+    for path in [rendered.markdown, *rendered.plots.values()]:
+        click.echo(f"wrote {path}")
 
 
 def run() -> None:

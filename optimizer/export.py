@@ -18,6 +18,7 @@ from optimizer.model.samples import batch_sizes_of, load_npz
 from optimizer.model.signature import Signature, parse_input_spec, parse_output_names, parse_value_range
 from optimizer.model.source import LoadedModel, from_module, load_model
 from optimizer.report.json_report import write_report
+from optimizer.report.markdown import write_report_files
 from optimizer.settings import ExportSettings
 from optimizer.task.cache import ArtifactCache, default_cache_dir
 from optimizer.task.profiling import ProfileSettings
@@ -118,11 +119,13 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     user_feeds = load_npz(Path(settings.samples), signature) if settings.samples else []
     on_event(Event("signature", "done", message=_describe(signature)))
     work = report_dir / "work"
+    on_event(Event("reference", "start"))
     try:
         reference = prepare_reference(model, signature, user_feeds, report_dir / "samples")
         state_dict = _snapshot_weights(model, work)
     except OSError as err:
         raise SettingsError(f"could not write the report folder {str(report_dir)!r}: {err.strerror or err}; choose another --report-dir.") from err
+    on_event(Event("reference", "done", message="; ".join(reference.points)))
 
     # 4. tune
     ctx = TuneContext(
@@ -148,6 +151,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         raise Interrupted(f"interrupted; candidate processes were stopped, the repository was not changed, partial results are in {report_path}.")
     if result.selected is None:
         write_report(report_path, result, settings)
+        write_report_files(report_path)
         raise NoCandidateError(_no_candidate_message(result, report_path))
 
     # 5. publish, then report
@@ -158,10 +162,12 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         published = publish(result, options)
     except PublishError:
         write_report(report_path, result, settings)
+        write_report_files(report_path)
         raise
     on_event(Event("publish", "done", result.selected, f"{published.model_dir} version {published.version}"))
     write_report(report_path, result, settings, published)
-    on_event(Event("report", "done", message=str(report_path)))
+    rendered = write_report_files(report_path)  # report.md and the plots, beside report.json
+    on_event(Event("report", "done", message=f"{report_path} (+ {', '.join(p.name for p in [rendered.markdown, *rendered.plots.values()])})"))
     return ExportOutcome(result, published, report_path)
 
 

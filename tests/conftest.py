@@ -16,7 +16,9 @@ CLI = [sys.executable, "-m", "optimizer.cli"]
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `aitune-export ARGS` as a user would (a real process); returns the completed process."""
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    # each test gets its own artifact cache (beside its working directory), so no test reuses another's builds
+    cache = str((cwd or ROOT / ".pytest_cache") / ".cache")
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=cache, **(env or {}))
     return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
@@ -24,6 +26,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run the test inside an empty directory (reports and repositories land there)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
     return tmp_path
 
 
@@ -31,4 +34,8 @@ def tree_snapshot(path: Path) -> dict[str, tuple[int, int]]:
     """Relative path -> (size, mtime_ns) of every file under path: compare before/after to prove nothing changed."""
     if not path.exists():
         return {}
-    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and ".cache" not in p.relative_to(path).parts
+    }

@@ -79,9 +79,13 @@ class MultiBackendStrategy(TuneStrategy):
             self._defaults = self._resolve_default_backends()
         return list(self._defaults)
 
-    def _candidate_backends(self, ctx: TuneContext) -> list[Backend]:
-        self._configure_for_module(ctx.model.module)
+    def candidate_backends(self, module: Any) -> list[Backend]:
+        """The candidates this strategy tries for `module`: the explicit list, or the defaults for that module."""
+        self._configure_for_module(module)
         return self._backends
+
+    def _candidate_backends(self, ctx: TuneContext) -> list[Backend]:
+        return self.candidate_backends(ctx.model.module)
 
 
 def check_backend_names(names: Sequence[str]) -> None:

@@ -269,13 +269,17 @@ class _CandidateRunner:
             state_dict=ctx.state_dict,
         )
         self._event("build", "start", name)
-        watcher = _ProgressWatcher(workdir / "progress.json", self, name)
+        watcher = _ProgressWatcher(workdir / "progress.json", self, name, "build")
         outcome = run_isolated("optimizer.task.evaluation:build_candidate", job.to_json(), workdir, ctx.build_timeout_s, "build", watcher.poll)
         cand = self._outcome(outcome, watcher, backend, "build", "--build-timeout")
+        watcher.emit_new(cand, outcome.seconds)  # steps the child finished after the last poll
         cand.log = str(workdir / "build.log")
         if cand.status == "built" and ctx.cache is not None:
             ctx.cache.store_build(backend, ctx, self.policy.cap, cand)
-        self._step_done("correctness" if cand.status == "built" else "build", name, cand.reason or "correct", failed=cand.status != "built")
+        if cand.status == "built":
+            self._count_step()
+        else:
+            self._step_done(_PHASE_OF_STAGE.get(cand.stage, watcher.phase), name, cand.reason, failed=True)
         self._finish(cand)
         return cand
 
@@ -315,9 +319,10 @@ class _CandidateRunner:
             deadline=self.deadline,
         )
         self._event("profile", "start", cand.name)
-        watcher = _ProgressWatcher(workdir / "progress.json", self, cand.name)
+        watcher = _ProgressWatcher(workdir / "progress.json", self, cand.name, "measure")
         outcome = run_isolated("optimizer.task.evaluation:measure_candidate", job.to_json(), workdir, ctx.profile_timeout_s, "measure", watcher.poll)
         result = self._outcome(outcome, watcher, backend, "measure", "--profile-timeout", before=cand)
+        watcher.emit_new(result, outcome.seconds)
         result.log = cand.log + ("," if cand.log else "") + str(workdir / "measure.log")
         if result.passed and ctx.cache is not None:
             ctx.cache.store_measurement(backend, ctx, self.policy, budget, result)
@@ -348,20 +353,28 @@ class _CandidateRunner:
         with self._lock:
             self.finished = [c for c in self.finished if c.name != cand.name] + [cand]
 
-    def _step_done(self, phase: str, name: str, message: str, failed: bool = False) -> None:
+    def _count_step(self) -> None:
         with self._lock:
             self.done += 1
+
+    def _step_done(self, phase: str, name: str, message: str, failed: bool = False) -> None:
+        self._count_step()
         self._event(phase, "failed" if failed else "done", name, message)
 
 
 class _ProgressWatcher:
-    """Turns a child's progress file into progress events (stage changes, each batch size measured)."""
+    """Turns a child's progress file into events: build done, correctness checked, each batch size measured.
 
-    def __init__(self, path: Path, runner: _CandidateRunner, name: str) -> None:
+    `emit_new` is also called once after the child exits, because a fast child can finish several
+    steps between two polls.
+    """
+
+    def __init__(self, path: Path, runner: _CandidateRunner, name: str, step: str) -> None:
         self.path, self.runner, self.name = path, runner, name
-        self._seen = -1.0
-        self._stage = ""
-        self._batches = 0
+        self._seen = -1
+        self._built = self._checked = step == "measure"  # the measure step starts from a built, checked candidate
+        self._batches: set[int] = set()
+        self.phase = "build" if step == "build" else "profile"  # where a crash or timeout is reported
         self.path.unlink(missing_ok=True)
 
     def last(self) -> Candidate | None:
@@ -375,21 +388,35 @@ class _ProgressWatcher:
             mtime = self.path.stat().st_mtime_ns
         except OSError:
             return None
-        if mtime == self._seen:
-            return None
-        self._seen = mtime
-        cand = self.last()
-        if cand is None:
-            return None
-        if cand.stage and cand.stage != self._stage:
-            self._stage = cand.stage
-            phase = {"measure": "profile"}.get(cand.stage, cand.stage)
-            self.runner._event(phase, "progress", self.name, cand.stage, elapsed)
-        if cand.decision is not None and len(cand.decision.profiles) > self._batches:
-            self._batches = len(cand.decision.profiles)
-            p = cand.decision.profiles[-1]
-            self.runner._event("profile", "progress", self.name, f"batch {p.batch_size}: {p.throughput:.1f}/s, p95 {p.p95_ms:.2f} ms", elapsed)
+        if mtime != self._seen:
+            self._seen = mtime
+            cand = self.last()
+            if cand is not None:
+                self.emit_new(cand, elapsed)
         return None
+
+    def emit_new(self, cand: Candidate, elapsed: float) -> None:
+        """Events for every step the child finished since the last look."""
+
+        def emit(phase: str, state: str, message: str = "") -> None:
+            self.runner._event(phase, state, self.name, message, elapsed)
+
+        if cand.artifact is not None and not self._built:
+            self._built = True
+            self.phase = "correctness"
+            emit("build", "done", f"{', '.join(cand.artifact.files) or 'nothing to build'} in {cand.build_s:.1f} s")
+            emit("correctness", "start")
+        if cand.correctness is not None and cand.correctness.passed and not self._checked:
+            self._checked = True
+            emit("correctness", "done", f"max abs {cand.correctness.max_abs:.2g}, max rel {cand.correctness.max_rel:.2g}")
+        for p in cand.decision.profiles if cand.decision else ():
+            if p.batch_size not in self._batches:
+                self._batches.add(p.batch_size)
+                emit("profile", "progress", f"batch {p.batch_size}: {p.throughput:.1f}/s, p95 {p.p95_ms:.1f} ms")
+
+
+_PHASE_OF_STAGE = {"availability": "build", "build": "build", "load": "build", "correctness": "correctness", "measure": "profile"}
+"""Where a failed candidate stopped -> the event phase that reports it (crash/timeout: the stage being watched)."""
 
 
 def _accept_partial_as_memory_limit(cand: Candidate) -> None:

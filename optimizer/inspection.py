@@ -1,0 +1,188 @@
+"""`aitune-export inspect`: what an export would use, without building anything.
+
+It loads MODEL and runs it on generated samples (that is how outputs are observed), then reports
+the signature, the candidates with their availability here, and the strategy's limits. Nothing
+is written: no report folder, no repository, no artifact.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.backend import EAGER, Backend, backend_named
+from optimizer.errors import SettingsError
+from optimizer.export import build_strategy, parse_model_options
+from optimizer.model.reference import resolve_signature
+from optimizer.model.samples import batch_sizes_of, correctness_points, load_npz
+from optimizer.model.signature import Signature, TensorSpec
+from optimizer.model.source import LoadedModel, load_model
+from optimizer.settings import ExportSettings
+from optimizer.task.correctness import DEFAULT_TOLERANCES
+from optimizer.task.profiling import ProfileSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CandidatePlan:
+    """One backend as an export would meet it here: whether it would run, and if not, why."""
+
+    name: str
+    backend: str
+    role: str  # "candidate" or "baseline"
+    triton_platform: str | None
+    model_file: str | None
+    will_run: bool
+    reason: str = ""
+
+
+@dataclass
+class Inspection:
+    """The model, its signature, the candidates and the strategy's limits, as plain data (`to_json`)."""
+
+    model: dict[str, Any]
+    signature: Signature
+    candidates: list[CandidatePlan]
+    strategy: dict[str, Any]
+    recorded_batch_sizes: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "signature": {
+                "batching": self.signature.batching,
+                "inputs": [_tensor_json(t) for t in self.signature.inputs],
+                "outputs": [_tensor_json(t) for t in self.signature.outputs],
+            },
+            "candidates": [asdict(c) for c in self.candidates],
+            "strategy": self.strategy,
+            "recorded_batch_sizes": self.recorded_batch_sizes,
+        }
+
+
+def inspect_model(settings: ExportSettings) -> Inspection:
+    """Load MODEL, infer its signature and plan the candidates exactly as `export` would, building nothing."""
+    specs, ranges, output_names = parse_model_options(settings)
+    strategy = build_strategy(settings)
+    if settings.device != "cpu" and not settings.device.startswith("cuda"):
+        raise SettingsError(f"--device {settings.device!r} is not cpu or cuda[:N].")
+    model = load_model(settings.model)
+    signature = resolve_signature(model, specs, ranges, output_names, settings.batching)
+    recorded: list[int] = []
+    if settings.samples:
+        feeds = load_npz(Path(settings.samples), signature)
+        recorded = sorted(batch_sizes_of(feeds)) if signature.batching else []
+    plans = []
+    if strategy.eager_gate != "disabled" and model.format == "torch":
+        eager = backend_named(EAGER)
+        av = eager.availability(settings.device)
+        plans.append(CandidatePlan(eager.candidate_name(settings.device), eager.name, "baseline", None, None, bool(av),
+                                   av.reason or f"measured as the baseline (eager gate {strategy.eager_gate})"))
+    plans += [_plan(b, model, settings.device) for b in strategy.candidate_backends(model.module)]
+    policy = strategy.batch_policy(tuple(recorded))
+    budget = settings.memory_budget_mb()
+    return Inspection(
+        model={
+            "spec": settings.model or "bundled example",
+            "source": model.source.to_json(),
+            "name": settings.name or model.name,
+            "format": model.format,
+            "distributed": model.distributed,
+        },
+        signature=signature,
+        candidates=plans,
+        strategy={
+            "name": strategy.name,
+            "workflow": settings.workflow,
+            "device": settings.device,
+            "eager_gate": strategy.eager_gate,
+            "batch_policy": policy.to_json(),
+            "memory_budget_mb": None if budget is None else round(budget),
+            "time_budget_s": settings.time_budget_s,
+            "build_timeout_s": settings.build_timeout_s,
+            "profile_timeout_s": settings.profile_timeout_s,
+            "profile": asdict(ProfileSettings()),
+            "correctness_points": [p.label for p in correctness_points(signature)],
+            "tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in DEFAULT_TOLERANCES.items()},
+        },
+        recorded_batch_sizes=recorded,
+    )
+
+
+def _plan(backend: Backend, model: LoadedModel, device: str) -> CandidatePlan:
+    """The same screening the strategy does before it starts a candidate's process."""
+    name = backend.candidate_name(device)
+    plan = CandidatePlan(name, backend.name, "candidate", backend.triton_platform, backend.model_filename, False)
+    if model.format not in backend.consumes:
+        plan.reason = f"{backend.name} cannot build from a {model.format} model (it takes: {', '.join(sorted(backend.consumes))})"
+    elif not backend.publishable:
+        plan.reason = f"{backend.name} is a baseline and is never published"
+    else:
+        av = backend.availability(device)
+        plan.will_run, plan.reason = bool(av), av.reason
+    return plan
+
+
+def _tensor_json(t: TensorSpec) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "dtype": t.dtype.name,
+        "dims": [str(a) for a in t.axes],
+        "triton_dims": t.triton_dims,
+        "dynamic_axes": list(t.dynamic_axes),
+        "value_range": list(t.value_range) if t.value_range else None,
+    }
+
+
+def describe(inspection: Inspection) -> list[str]:
+    """The inspection as aligned plain lines for a terminal (`to_json` is the machine-readable form)."""
+    doc = inspection.to_json()
+    m, sig, st = doc["model"], doc["signature"], doc["strategy"]
+    policy = st["batch_policy"]
+    lines = [f"model       {m['name']}  ({m['source']['kind']} {m['source']['spec']}, {m['format']})"]
+    lines.append("batching    " + ("axis 0 of every tensor is the batch axis" if sig["batching"] else "none (max_batch_size 0)"))
+    width = max(len(t["name"]) for t in sig["inputs"] + sig["outputs"])
+    for title, tensors in (("inputs", sig["inputs"]), ("outputs", sig["outputs"])):
+        lines.append(title)
+        for t in tensors:
+            dims = "x".join(t["dims"]) or "scalar"
+            dynamic = ", ".join(f"dims[{i}] {t['dims'][i]}" for i in t["dynamic_axes"]) or "none"
+            values = f"  values {t['value_range'][0]:g}..{t['value_range'][1]:g}" if t["value_range"] else ""
+            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}  dynamic: {dynamic}{values}")
+    lines.append(f"candidates  (strategy {st['name']}, workflow {st['workflow']}, device {st['device']})")
+    width = max((len(c["name"]) for c in doc["candidates"]), default=0)
+    for c in doc["candidates"]:
+        target = f"{c['triton_platform']} {c['model_file']}" if c["triton_platform"] else "baseline, not published"
+        state = "will run" if c["will_run"] else "will not run"
+        lines.append(f"  {c['name']:<{width}}  {target:<30} {state}" + (f": {c['reason']}" if c["reason"] else ""))
+    lines.append("strategy")
+    if policy["batch_sizes"]:
+        batch = f"only the recorded sizes {', '.join(map(str, policy['batch_sizes']))}"
+    elif policy["max_batch_size"]:
+        batch = f"up to {policy['max_batch_size']} (--max-batch-size)"
+    else:
+        batch = (f"auto: 1, 2, 4, ... up to {policy['search_cap']}, stopping when throughput gains under "
+                 f"{100 * policy['saturation_gain']:g}% for {policy['saturation_steps']} steps, an allocation fails or the budget is exceeded")
+    budget = f"p{policy['percentile']} <= {policy['latency_budget_ms']:g} ms" if policy["latency_budget_ms"] else f"none (percentile p{policy['percentile']})"
+    prof = st["profile"]
+    memory = "none" if st["memory_budget_mb"] is None else f"{st['memory_budget_mb']} MiB added per candidate while probing"
+    lines += [
+        f"  eager gate        {st['eager_gate']}",
+        f"  batch sizes       {batch}",
+        f"  latency budget    {budget}",
+        f"  memory budget     {memory}",
+        f"  time limits       time budget {_seconds(st['time_budget_s'])}, build timeout {_seconds(st['build_timeout_s'])}, "
+        f"profile timeout {_seconds(st['profile_timeout_s'])}",
+        f"  correctness       at {'; '.join(st['correctness_points'])}; "
+        + ", ".join(f"{k} atol {v['atol']:g} rtol {v['rtol']:g}" for k, v in st["tolerances"].items()) + "; integers exact",
+        f"  profiling         {prof['warmup_runs']} warmup runs, {prof['window_s']:g} s windows until {prof['stable_windows']} "
+        f"in a row vary under {100 * prof['cv_threshold']:g}%, at most {prof['time_cap_s']:g} s per batch size",
+    ]
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} s"

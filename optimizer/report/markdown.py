@@ -1,0 +1,295 @@
+"""report.md: why this backend and this max batch size, for a person, beside report.json and the plots.
+
+`render_markdown` is a pure function of the stored records; `write_report_files` re-renders
+everything from a report.json on disk (the pipeline calls it right after writing report.json,
+`aitune-export report REPORT.json` calls it later), so a report never needs a re-run.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from optimizer.task.evaluation import Candidate
+from optimizer.task.find_max_batch_size import LIMITS
+from optimizer.tune_strategy.result import TuneResult
+
+log = logging.getLogger(__name__)
+
+VALIDATION_FILE = "validation.json"
+"""Written beside report.json by `aitune-export validate`; rendered when present."""
+
+BUSY_SHARE = 0.2
+"""Above this mean share of the CPU used by other processes while measuring, the report warns about noise."""
+
+
+@dataclass
+class RenderedReport:
+    """The files a render wrote."""
+
+    markdown: Path
+    plots: dict[str, Path] = field(default_factory=dict)
+
+
+def write_report_files(report_path: Path, out_dir: Path | None = None) -> RenderedReport:
+    """Write report.md and the PNG plots from a stored report.json (and validation.json beside it, if any).
+
+    Args:
+        report_path: a report.json written by `write_report`.
+        out_dir: where the files go; None means beside report.json.
+    """
+    import json
+
+    from optimizer.report.json_report import read_report
+    from optimizer.report.plots import write_plots
+
+    result, _, doc = read_report(report_path)
+    out_dir = out_dir or report_path.parent
+    validation = None
+    vpath = report_path.parent / VALIDATION_FILE
+    if vpath.is_file():
+        try:
+            validation = json.loads(vpath.read_text())
+        except ValueError as err:
+            log.warning("%s is not JSON (%s); the report leaves validation out", vpath, err)
+    plots = write_plots(result, out_dir)
+    text = render_markdown(result, doc.get("settings", {}), doc.get("published"), validation, {k: p.name for k, p in plots.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "report.md"
+    md.write_text(text)
+    return RenderedReport(md, plots)
+
+
+def render_markdown(
+    result: TuneResult,
+    settings: dict[str, Any],
+    published: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
+    plots: dict[str, str] | None = None,
+) -> str:
+    """The whole report.md.
+
+    Args:
+        settings: the `settings` table of report.json (ExportSettings as a dict).
+        published: report.json's `published` ({"model_dir", "version", ...}); None: nothing was published.
+        validation: validation.json as a dict, None when validation did not run; see `validation_section`.
+        plots: plot kind ("throughput", "latency") -> file name relative to report.md.
+    """
+    parts = [
+        _summary(result, settings, published),
+        _why(result),
+        _plots(result, plots or {}),
+        _candidates(result),
+        _max_batch(result),
+    ]
+    if validation is not None:
+        parts.append(validation_section(validation))
+    parts.append(_environment(result))
+    return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
+
+
+# -- sections ------------------------------------------------------------------------------------
+
+def _summary(result: TuneResult, settings: dict[str, Any], published: dict[str, Any] | None) -> str:
+    if result.selected:
+        head = f"# {result.model_name}: {result.selected}, max_batch_size {result.max_batch_size}"
+    else:
+        head = f"# {result.model_name}: no candidate can be published"
+    lines = [head, ""]
+    where = (f"Published to `{published['model_dir']}` (version {published['version']})" if published else "Nothing was published")
+    platform = ""
+    if result.selected:
+        art = result.selected_candidate.artifact
+        platform = f" as Triton platform `{art.triton_platform}`" if art and art.triton_platform else ""
+    lines.append(f"{where}{platform}.")
+    lines.append(
+        f"Strategy `{result.strategy}` ({result.workflow}) on `{result.device}`, eager gate {result.eager_gate}"
+        + (f", latency budget p{result.percentile} <= {result.latency_budget_ms:g} ms" if result.latency_budget_ms else "")
+        + f"; tuning took {result.tune_seconds:.0f} s."
+    )
+    sig = result.signature
+    tensors = ", ".join(f"`{t['name']}` {t['dtype']} [{'x'.join(t['dims']) or 'scalar'}]" for t in sig.get("inputs", []))
+    outs = ", ".join(f"`{t['name']}` {t['dtype']} [{'x'.join(t['dims']) or 'scalar'}]" for t in sig.get("outputs", []))
+    lines.append(f"Inputs {tensors}; outputs {outs}" + ("" if sig.get("batching", True) else "; no batching") + ".")
+    if settings:
+        lines.append("Replay this run with `aitune-export export --config settings.toml` (beside report.json).")
+    return "\n".join(lines)
+
+
+def _why(result: TuneResult) -> str:
+    title = f"## Why {result.selected}" if result.selected else "## Why nothing was selected"
+    lines = [title, "", f"- {_cell(result.selection_reason) or 'no reason recorded'}."]
+    lines += [f"- Warning: {_cell(w)}" for w in result.warnings]
+    busy = _busy_share(result)
+    if busy is not None and busy > BUSY_SHARE:
+        lines.append(
+            f"- Other processes used {100 * busy:.0f}% of the machine's CPU while candidates were measured; "
+            "the numbers are noisy, compare them as ratios and re-run on a quiet machine before trusting small differences."
+        )
+    return "\n".join(lines)
+
+
+def _plots(result: TuneResult, plots: dict[str, str]) -> str:
+    if not plots:
+        return ""
+    lines = ["## Throughput and latency by batch size", ""]
+    if "throughput" in plots:
+        lines.append(f"![throughput vs batch size]({plots['throughput']})")
+    if "latency" in plots:
+        lines.append(f"![p{result.percentile} latency vs batch size]({plots['latency']})")
+    lines += ["", "Eager PyTorch is dashed; the star is the published candidate at the published max batch size."]
+    return "\n".join(lines)
+
+
+_CANDIDATE_HEADER = (
+    "candidate", "status", "reason", "max abs err", "max rel err",
+    "batch 1 p50/p95/p99 ms", "best batch", "throughput/s", "best batch p50/p95/p99 ms", "max batch",
+)
+
+
+def _candidates(result: TuneResult) -> str:
+    rows = []
+    for cand in ([result.eager] if result.eager else []) + list(result.candidates):
+        rows.append(_candidate_row(cand, result))
+    return "\n".join(["## Candidates", "", _table(_CANDIDATE_HEADER, rows)])
+
+
+def _candidate_row(cand: Candidate, result: TuneResult) -> list[str]:
+    name = cand.name
+    if cand.name == result.selected:
+        name = f"**{cand.name}** (selected)"
+    elif result.eager is cand:
+        name = f"{cand.name} (baseline)"
+    corr = cand.correctness
+    d = cand.decision if cand.decision and cand.decision.profiles else None
+    one = d.profile_at(1) if d else None
+    best = d.best if d else None
+    return [
+        name,
+        cand.status,
+        cand.reason or ("" if cand.status == "passed" else cand.stage),
+        f"{corr.max_abs:.1e}" if corr and corr.cases else "",
+        f"{corr.max_rel:.1e}" if corr and corr.cases else "",
+        _pcts(one),
+        str(best.batch_size) if best else "",
+        f"{best.throughput:.1f}" if best else "",
+        _pcts(best),
+        f"{d.max_batch_size} ({d.decided_by})" if d else "",
+    ]
+
+
+def _max_batch(result: TuneResult) -> str:
+    if not result.selected:
+        return ""
+    cand = result.selected_candidate
+    d = cand.decision
+    if d is None:
+        return ""
+    lines = [f"## Max batch size: {result.max_batch_size}", ""]
+    lines.append(f"- Decided by **{d.decided_by}**: {LIMITS.get(d.decided_by, d.decided_by)}.")
+    lines.append(f"- Knee at batch {d.knee} (the smallest batch close to the best throughput); best throughput at batch {d.best_batch}.")
+    if d.ceiling is not None:
+        lines.append(f"- Capacity ceiling: batch {d.ceiling} is the largest that fit" + (f"; batch {d.first_failure} did not ({_cell(d.failure)})" if d.first_failure else "") + ".")
+    elif cand.ceiling_estimate is not None:
+        lines.append(f"- Capacity ceiling not reached; estimated at about batch {cand.ceiling_estimate} from the growth of peak memory under the memory budget.")
+    else:
+        lines.append("- Capacity ceiling not reached (no allocation failed).")
+    if d.decided_by == "latency_budget" and d.first_failure:
+        lines.append(f"- Batch {d.first_failure} exceeded the p{result.percentile} latency budget of {result.latency_budget_ms:g} ms.")
+    lines.append(f"- {_cell(d.explanation)}.")
+    lines += ["", f"Measurements of {cand.name}:", ""]
+    header = ("batch", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "stable", "cv", "others' CPU", "peak RSS MiB")
+    rows = []
+    for p in sorted(d.profiles + d.over_budget, key=lambda p: p.batch_size):
+        mark = " (published max)" if p.batch_size == result.max_batch_size else (" (over budget)" if p in d.over_budget else "")
+        rows.append([f"{p.batch_size}{mark}", f"{p.throughput:.1f}", _ms(p.p50_ms), _ms(p.p95_ms), _ms(p.p99_ms),
+                     "yes" if p.stable else "no", f"{p.cv:.2f}" if p.cv >= 0 else "n/a", f"{100 * p.others_cpu_share:.0f}%", f"{p.peak_rss_mb:.0f}"])
+    lines.append(_table(header, rows))
+    return "\n".join(lines)
+
+
+def validation_section(validation: dict[str, Any]) -> str:
+    """What Triton itself said about the published model, beside what tuning predicted.
+
+    Reads only these keys of validation.json (all optional; anything else is ignored):
+        loaded: bool              the repository loaded in tritonserver
+        stand_in: bool            a stand-in Python backend served the model (not the native backend)
+        error: str                why validation stopped, if it did
+        answers: dict             the tritonclient answer check; "passed" (bool) is shown first, other
+                                  scalar entries (e.g. max_abs, max_rel) follow as they are
+        perf: list of dict        perf_analyzer, one row per concurrency: "concurrency" (int),
+                                  "throughput" (infer/s), "p95_ms" (float), optional "p99_ms"
+        predicted_throughput: float   the throughput tuning predicted for the published config (infer/s)
+    """
+    lines = ["## Validation in Triton", ""]
+    loaded = validation.get("loaded")
+    if loaded is not None:
+        how = " by a stand-in Python backend (the native backend is not installed here)" if validation.get("stand_in") else ""
+        lines.append(f"- Loaded in tritonserver: {'yes' if loaded else 'no'}{how}.")
+    if validation.get("error"):
+        lines.append(f"- Stopped: {_cell(str(validation['error']))}")
+    answers = validation.get("answers")
+    if isinstance(answers, dict) and answers:
+        passed = answers.get("passed")
+        verdict = "" if passed is None else ("correct" if passed else "WRONG")
+        extra = ", ".join(f"{k} {_num(v)}" for k, v in answers.items() if k != "passed" and isinstance(v, (int, float, str, bool)))
+        lines.append(f"- Answers through tritonclient: {verdict}" + (f" ({extra})" if extra else "") + ".")
+    perf = validation.get("perf") or []
+    predicted = validation.get("predicted_throughput")
+    if predicted is not None:
+        lines.append(f"- Predicted by tuning: {float(predicted):.1f} infer/s.")
+    if perf:
+        header = ["concurrency", "perf_analyzer infer/s", "p95 ms", "p99 ms"] + (["vs predicted"] if predicted else [])
+        rows = []
+        for row in perf:
+            thr = float(row.get("throughput", 0.0))
+            cells = [str(row.get("concurrency", "")), f"{thr:.1f}", _ms(row.get("p95_ms")), _ms(row.get("p99_ms"))]
+            if predicted:
+                cells.append(f"{thr / float(predicted):.2f}x")
+            rows.append(cells)
+        lines += ["", _table(header, rows)]
+    return "\n".join(lines)
+
+
+def _environment(result: TuneResult) -> str:
+    env = result.environment or {}
+    libs = ", ".join(f"{k} {v}" for k, v in sorted((env.get("libraries") or {}).items()))
+    lines = ["## Environment", ""]
+    lines.append(f"- {env.get('processor', '?')}, {env.get('cpu_cores', '?')} cores, {env.get('platform', '?')}.")
+    lines.append(f"- Python {env.get('python', '?')}, aitune-export {env.get('aitune_export', '?')}" + (f", {libs}" if libs else "") + ".")
+    return "\n".join(lines)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _busy_share(result: TuneResult) -> float | None:
+    shares = [p.others_cpu_share for c in [result.eager, *result.candidates] if c and c.decision for p in c.decision.profiles]
+    return sum(shares) / len(shares) if shares else None
+
+
+def _pcts(p: Any) -> str:
+    return f"{_ms(p.p50_ms)} / {_ms(p.p95_ms)} / {_ms(p.p99_ms)}" if p else ""
+
+
+def _ms(value: Any) -> str:
+    if value is None:
+        return ""
+    v = float(value)
+    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+
+
+def _num(value: Any) -> str:
+    return f"{value:.2g}" if isinstance(value, float) else str(value)
+
+
+def _cell(text: str) -> str:
+    """Text that keeps a Markdown table intact: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
