@@ -21,6 +21,7 @@ from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import ModelSource, load_source
 from optimizer.task.correctness import CorrectnessReport, Tolerance, compare_outputs
+from optimizer.task.device_memory import is_allocation_failure, release_device_memory
 from optimizer.task.find_max_batch_size import (
     BatchPolicy,
     MaxBatchDecision,
@@ -113,8 +114,7 @@ def _vm_data_bytes() -> int:
 
 
 def _is_allocation_failure(err: BaseException) -> bool:
-    text = str(err).lower()
-    return isinstance(err, MemoryError) or any(k in text for k in ("allocate", "out of memory", "bad_alloc", "cannot allocate"))
+    return is_allocation_failure(err)  # CPU and GPU (torch.cuda.OutOfMemoryError, CUDA, TensorRT) alike
 
 
 def _write_progress(path: Path, cand: Candidate) -> None:
@@ -193,6 +193,7 @@ def evaluate_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             if job.deadline and time.time() > job.deadline:
                 raise TimeBudgetExceeded("the time budget ran out")
             feed = tile_feed(base, batch) if signature.batching else base
+            release_device_memory(job.device)  # each probe starts without the cache of the one before
             try:
                 runner.infer(feed)  # checked once, outside the timed windows
                 prof = measure(lambda: runner.run_unchecked(feed), batch if signature.batching else 1, settings)

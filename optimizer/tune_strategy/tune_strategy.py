@@ -19,6 +19,7 @@ from optimizer.backend import EAGER, Backend, backend_named
 from optimizer.backend.base import cpu_cores
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
+from optimizer.task.correctness import precision_tolerances
 from optimizer.task.evaluation import Candidate, CandidateJob
 from optimizer.task.find_max_batch_size import BatchPolicy
 from optimizer.task.isolation import run_isolated
@@ -80,7 +81,7 @@ class TuneStrategy(FindMaxBatchSizeMixin):
     def tune(self, ctx: TuneContext) -> TuneResult:
         """Evaluate every candidate (and eager, unless the gate is disabled) and select one."""
         t0 = time.perf_counter()
-        backends = self._candidate_backends(ctx)
+        backends = [b.at_precision(ctx.precision) for b in self._candidate_backends(ctx)]
         if not backends:
             raise NoCandidateError(
                 "no candidate backends: the strategy was given an empty list; name at least one with --backend "
@@ -112,6 +113,8 @@ class TuneStrategy(FindMaxBatchSizeMixin):
         if self._wants_eager(ctx):
             eager = self._evaluate(backend_named(EAGER), ctx, policy, deadline, done, total)
             done += 1
+            if eager.passed and eager.decision and eager.decision.knee:
+                runnable = [b.with_batch_hint(eager.decision.knee) for b in runnable]
         for b in runnable:
             candidates.append(self._evaluate(b, ctx, policy, deadline, done, total))
             done += 1
@@ -195,7 +198,7 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             policy=policy.to_json(),
             profile=ctx.profile.__dict__,
             backend_settings=backend.settings,
-            tolerances={k: [t.atol, t.rtol] for k, t in ctx.tolerances.items()},
+            tolerances={k: [t.atol, t.rtol] for k, t in precision_tolerances(ctx.signature, backend.settings["precision"], ctx.tolerances).items()},
             state_dict=ctx.state_dict,
             memory_budget_mb=self.memory_budget_mb,
             deadline=deadline,
