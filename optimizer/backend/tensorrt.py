@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +100,6 @@ class EngineBuild:
     timing_cache: bytes
     inputs: list[str]
     outputs: list[str]
-    seconds: float
 
 
 def network_flags(trt: Any) -> int:
@@ -134,7 +132,6 @@ def build_engine(
         BackendError: the parser rejects the graph, the inputs differ, or the builder returns no engine;
             the message quotes TensorRT's own error.
     """
-    t0 = time.perf_counter()
     logger = _capturing_logger(trt)
     builder = trt.Builder(logger)
     network = builder.create_network(network_flags(trt))
@@ -163,7 +160,7 @@ def build_engine(
     if plan is None:
         raise BackendError(f"TensorRT could not build an engine from {onnx_path.name}: {logger.last_error()}")
     new_cache = config.get_timing_cache().serialize()
-    return EngineBuild(bytes(plan), bytes(new_cache), inputs, outputs, time.perf_counter() - t0)
+    return EngineBuild(bytes(plan), bytes(new_cache), inputs, outputs)
 
 
 def default_cache_dir() -> Path:
@@ -210,7 +207,7 @@ class TensorRTBackend(Backend):
     precisions = MappingProxyType({"cuda": frozenset({"fp32", "fp16", "bf16"})})
     default_settings = {
         "opset": DEFAULT_OPSET,
-        "workspace_mb": 8192,  # Model Navigator's default workspace (8 GiB); TensorRT never exceeds the free memory
+        "workspace_mb": 8192,  # the builder's scratch limit; TensorRT uses less when less is free
         "optimization_level": None,  # None: TensorRT's default (3)
         "opt_batch": None,  # None: the measured knee when the strategy passes one, else Navigator's rule
         "opt_batch_from": None,  # where opt_batch came from, for the report
@@ -266,7 +263,7 @@ class TensorRTBackend(Backend):
             )
             write_atomically(cache_path, built.timing_cache)
         (workdir / "model.plan").write_bytes(built.plan)
-        log.info("tensorrt | built model.plan in %.1f s (timing cache %s, %s)", built.seconds, cache_path, "reused" if previous else "new")
+        log.info("tensorrt | built model.plan (timing cache %s, %s)", cache_path, "reused" if previous else "new")
         metadata = {
             "tensorrt": trt.__version__,
             "compute_capability": cc,
@@ -279,7 +276,6 @@ class TensorRTBackend(Backend):
             "opt_batch_rule": rule,
             "timing_cache": str(cache_path),
             "timing_cache_reused": bool(previous),
-            "engine_build_s": round(built.seconds, 3),
             "onnx": {k: v for k, v in onnx_meta.items() if k != "files"},
         }
         return Artifact(
@@ -335,6 +331,7 @@ class TensorRTRunner(Runner):
         self._device = device
         self._runner: Any = None
         self._logger: Any = None
+        self._trt_runtime: Any = None  # outlives the engine it deserialized
 
     def _activate(self) -> None:
         import tensorrt as trt
