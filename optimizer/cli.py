@@ -151,18 +151,20 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
 @click.option("--device", default="cpu", show_default=True, help="Device to check availability on: cpu or cuda[:N].")
 @click.option("--check-imports/--no-check-imports", default=False, show_default=True,
               help="Also import the slow-to-import libraries (torch) instead of only finding them.")
+@click.option("--precision", type=click.Choice(("fp32", "fp16", "bf16")), default="fp32", show_default=True,
+              help="Check availability at this --precision (CPU candidates run fp32 only).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def backends(device: str, check_imports: bool, as_json: bool) -> None:
+def backends(device: str, check_imports: bool, precision: str, as_json: bool) -> None:
     """List every backend and whether it can run here (with the reason when it cannot)."""
     from optimizer.backend import BACKENDS
 
     rows = []
     for name, cls in BACKENDS.items():
-        b = cls()
+        b = cls(precision=precision)
         av = b.availability(device, quick=not check_imports)
         rows.append({"name": name, "platform": b.triton_platform or "(baseline, not published)", "available": av.ok, "reason": av.reason})
     if as_json:
-        click.echo(json.dumps({"device": device, "backends": rows}, indent=2))
+        click.echo(json.dumps({"device": device, "precision": precision, "backends": rows}, indent=2))
         return
     width = max(len(r["name"]) for r in rows)
     for r in rows:

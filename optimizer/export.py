@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from optimizer.backend.precision import check_precision
 from optimizer.errors import Interrupted, NoCandidateError, PublishError, SettingsError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
@@ -94,6 +95,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     strategy = build_strategy(settings)
     if settings.device != "cpu" and not settings.device.startswith("cuda"):
         raise SettingsError(f"--device {settings.device!r} is not cpu or cuda[:N].")
+    check_precision(settings.precision, settings.device)
     if settings.name:
         check_model_name(settings.name)
     check_options(PublishOptions(Path(settings.repository), settings.name or "model"))
@@ -134,6 +136,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         reference=reference,
         workdir=work,
         device=settings.device,
+        precision=settings.precision,
         recorded_batch_sizes=tuple(batch_sizes_of(user_feeds)) if user_feeds and signature.batching else (),
         build_timeout_s=settings.build_timeout_s,
         profile_timeout_s=settings.profile_timeout_s,

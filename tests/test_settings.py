@@ -55,7 +55,7 @@ def test_cli_flags_override_the_file(tmp_path: Path):
 def test_readme_documents_every_settings_key():
     readme = (ROOT / "README.md").read_text()
     missing = [k for k in KEYS if f"`{k}`" not in readme]
-    assert not missing, f"README's settings table lacks: {missing}"
+    assert not missing, f"README settings table lacks {missing}: run scripts/settings_table.py"
 
 
 def test_memory_sizes():

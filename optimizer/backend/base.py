@@ -12,10 +12,12 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import numpy as np
 
+from optimizer.backend.precision import refusal
 from optimizer.backend.triton_platforms import PLATFORMS, TritonPlatform
 from optimizer.errors import BackendError
 from optimizer.model.samples import Feed
@@ -170,14 +172,28 @@ class Backend:
     workflow: ClassVar[frozenset[str]] = frozenset({"aot"})
     needs_source_model: ClassVar[bool] = False  # load() runs the source module itself (torch-eager)
     default_settings: ClassVar[dict[str, Any]] = {}
+    precisions: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32"})})
+    """--precision values each device kind builds; anything else is refused in availability(), never run as fp32."""
 
     def __init__(self, **settings: Any) -> None:
-        unknown = set(settings) - set(self.default_settings)
+        known = {"precision": "fp32", **self.default_settings}  # every backend takes the run's precision
+        unknown = set(settings) - set(known)
         if unknown:
             raise BackendError(
-                f"{self.name} has no setting(s) {', '.join(sorted(unknown))}; it takes: {', '.join(self.default_settings) or 'none'}."
+                f"{self.name} has no setting(s) {', '.join(sorted(unknown))}; it takes: {', '.join(known)}."
             )
-        self.settings = {**self.default_settings, **settings}
+        self.settings = {**known, **settings}
+
+    def at_precision(self, precision: str) -> Backend:
+        """This backend with the run's --precision (itself when it already has it)."""
+        if self.settings["precision"] == precision:
+            return self
+        return type(self)(**{**self.settings, "precision": precision})
+
+    def with_batch_hint(self, knee: int) -> Backend:
+        """This backend told where throughput saturates (eager's measured knee); only engines that
+        fix an optimal batch at build time (TensorRT profiles) use it, the others return themselves."""
+        return self
 
     @property
     def model_filename(self) -> str | None:
@@ -198,6 +214,10 @@ class Backend:
         """
         if device_kind(device) not in self.devices:
             return Availability(False, f"{self.name} runs on {', '.join(sorted(self.devices))}, not {device}.")
+        precision = self.settings["precision"]
+        supported = self.precisions.get(device_kind(device), frozenset({"fp32"}))
+        if precision not in supported:
+            return Availability(False, refusal(self.name, device_kind(device), precision, supported))
         if quick and device_kind(device) == "cpu" and self.slow_imports:
             return _found(self.slow_imports)
         try:
@@ -215,15 +235,6 @@ class Backend:
     def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
         """A runner for the artifact. `model` is needed only by backends that run the source module (torch-eager)."""
         raise NotImplementedError
-
-    def release_memory(self, device: str) -> None:
-        """Give memory back after an allocation failure so smaller batches can still be measured."""
-        if device_kind(device) == "cuda":
-            import sys
-
-            torch = sys.modules.get("torch")
-            if torch is not None:
-                torch.cuda.empty_cache()
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         """The platform-specific part of config.pbtxt (parameters, optimization) for this artifact."""

@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 DEFAULT_OPSET = 20
 """Opset of torch 2.13's dynamo exporter; the dynamo exporter cannot go below 18."""
 
+BF16_MIN_OPSET = 22
+"""Opset 22 is the first that allows bfloat16 in Conv, Gemm and most other compute operators."""
+
 EXTERNAL_DATA_BYTES = 1_800_000_000
 """Above this many parameter bytes the weights go to model.onnx.data (protobuf's 2 GB limit)."""
 
@@ -46,20 +49,36 @@ def dynamic_shapes_for(signature: Signature, batch_max: int) -> dict[str, dict[i
     return shapes
 
 
-def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max: int, opset: int = DEFAULT_OPSET) -> dict[str, Any]:
-    """Write `path` (and `path.data` for huge models) from a torch model or copy an ONNX source; returns metadata."""
+def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max: int, opset: int = DEFAULT_OPSET,
+                precision: str = "fp32") -> dict[str, Any]:
+    """Write `path` (and `path.data` for huge models) from a torch model or copy an ONNX source; returns metadata.
+
+    A reduced `precision` ("fp16", "bf16") is put into the graph itself (weights and math in that dtype,
+    float32 inputs and outputs; see backend/precision.py), which only a PyTorch source allows.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     if model.format == "onnx":
+        if precision != "fp32":
+            raise BackendError(
+                f"--precision {precision} is built into the graph from the PyTorch module, and this model is an ONNX file; "
+                "export from the PyTorch model, or use --precision fp32."
+            )
         return _copy_onnx(model, path)
     import torch
 
-    module = model.inner_module
+    from optimizer.backend.precision import reduced_precision_module
+
+    module = reduced_precision_module(model.inner_module, precision)
     batch = 2 if signature.batching else 0
     feed = generate_feed(signature, ShapePoint(batch, "max"), seed=1)
     args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters()) if hasattr(module, "parameters") else 0
     external = param_bytes > EXTERNAL_DATA_BYTES
-    dynamic = dynamic_shapes_for(signature, batch_max)
+    dynamic: Any = dynamic_shapes_for(signature, batch_max)
+    if module is not model.inner_module:  # torch.export sees the precision wrapper's forward(*args) as one argument
+        dynamic = (tuple(dynamic[n] for n in signature.input_names),)
+    if precision == "bf16":
+        opset = max(opset, BF16_MIN_OPSET)
     chatter = io.StringIO()  # the exporter prints progress lines to stdout; keep them for the log
     try:
         with contextlib.redirect_stdout(chatter):
@@ -73,14 +92,32 @@ def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max:
                 input_names=signature.input_names,
                 output_names=signature.output_names,
                 dynamic_shapes=dynamic,
+                # onnxscript's graph optimizer folds BatchNorm into bf16 convolutions as float32 weights (an
+                # invalid graph); TensorRT and ONNX Runtime fold and fuse on their own, so reduced-precision
+                # graphs are exported as traced
+                optimize=precision == "fp32",
             )
     except Exception as err:
         log.debug("exporter output:\n%s", chatter.getvalue())
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise BackendError(f"torch.onnx.export (dynamo) failed: {type(err).__name__}: {first}") from err
     log.debug("exporter output:\n%s", chatter.getvalue())
+    if precision != "fp32":
+        _check_graph(path, precision)
     files = [path.name] + ([path.name + ".data"] if (path.parent / (path.name + ".data")).exists() else [])
-    return {"exporter": "torch.onnx.export(dynamo=True)", "opset": opset, "external_data": len(files) > 1, "files": files}
+    return {"exporter": "torch.onnx.export(dynamo=True)", "opset": opset, "external_data": len(files) > 1, "files": files,
+            "precision": precision}
+
+
+def _check_graph(path: Path, precision: str) -> None:
+    """A reduced-precision graph must be valid ONNX (types agree everywhere), or consumers fail obscurely."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise BackendError(f"the {precision} ONNX graph torch exported is not valid ONNX ({first}); use --precision fp16 or fp32.") from err
 
 
 def _copy_onnx(model: LoadedModel, path: Path) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class OnnxRuntimeBackend(Backend):
     distributed_ok = False
     workflow = frozenset({"aot", "jit"})
     default_settings = {"opset": DEFAULT_OPSET, "graph_level": "all"}
+    precisions = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32", "fp16"})})
 
     def _availability(self, device: str) -> Availability:
         try:
@@ -45,13 +46,14 @@ class OnnxRuntimeBackend(Backend):
             return Availability(False, f"graph_level {self.settings['graph_level']!r} is not one of {', '.join(_TRITON_GRAPH_LEVEL)}.")
         wanted, have = _PROVIDER_FOR[device_kind(device)], ort.get_available_providers()
         ok = wanted in have
-        return Availability(ok, "" if ok else f"{wanted} is not in this onnxruntime build (has: {', '.join(have)}).")
+        fix = " (pip install onnxruntime-gpu in place of onnxruntime)" if device_kind(device) == "cuda" else ""
+        return Availability(ok, "" if ok else f"{wanted} is not in this onnxruntime build (has: {', '.join(have)}){fix}.")
 
     def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
         import onnxruntime as ort
 
         path = workdir / "model.onnx"
-        meta = export_onnx(model, signature, path, batch_range[1], self.settings["opset"])
+        meta = export_onnx(model, signature, path, batch_range[1], self.settings["opset"], precision=self.settings["precision"])
         inputs, outputs = onnx_io_names(path)
         if inputs != signature.input_names or outputs != signature.output_names:
             raise BackendError(
@@ -70,7 +72,11 @@ class OnnxRuntimeBackend(Backend):
         )
 
     def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
-        return OnnxRuntimeRunner(artifact, device, self.settings["graph_level"])
+        return OnnxRuntimeRunner(artifact, device, self.settings["graph_level"], self.providers(artifact, device))
+
+    def providers(self, artifact: Artifact, device: str) -> list[Any]:
+        """The session's execution providers, the one that must run the graph first."""
+        return default_providers(device)
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         params = {"execution_mode": "0", "inter_op_thread_count": "1"}
@@ -84,16 +90,29 @@ class OnnxRuntimeBackend(Backend):
         return {"onnxruntime": ort.__version__}
 
 
+def cuda_device_id(device: str) -> int:
+    """The GPU index of "cuda" / "cuda:N" as ONNX Runtime's device_id."""
+    return int(device.split(":")[1]) if ":" in device else 0
+
+
+def default_providers(device: str) -> list[Any]:
+    """CPU alone on a CPU device; CUDA (then CPU for the nodes CUDA lacks) on a GPU."""
+    if device_kind(device) == "cpu":
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": cuda_device_id(device)}), "CPUExecutionProvider"]
+
+
 class OnnxRuntimeRunner(Runner):
     """One InferenceSession with the same threads and graph level that the Triton config will carry."""
 
     _LEVELS = MappingProxyType({"all": "ORT_ENABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "disabled": "ORT_DISABLE_ALL"})
 
-    def __init__(self, artifact: Artifact, device: str, graph_level: str) -> None:
+    def __init__(self, artifact: Artifact, device: str, graph_level: str, providers: list[Any] | None = None) -> None:
         super().__init__(artifact.sig)
         self._path = artifact.path
         self._device = device
         self._graph_level = graph_level
+        self._providers = providers or default_providers(device)
         self._session: Any = None
 
     def _activate(self) -> None:
@@ -105,14 +124,16 @@ class OnnxRuntimeRunner(Runner):
         opts.inter_op_num_threads = 1
         if device_kind(self._device) == "cpu":
             opts.intra_op_num_threads = cpu_cores()
-            providers: list[Any] = ["CPUExecutionProvider"]
-        else:
-            index = int(self._device.split(":")[1]) if ":" in self._device else 0
-            providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
         try:
-            self._session = ort.InferenceSession(str(self._path), opts, providers=providers)
+            self._session = ort.InferenceSession(str(self._path), opts, providers=self._providers)
         except Exception as err:
             raise BackendError(f"onnxruntime could not load {self._path.name}: {str(err).splitlines()[0]}") from err
+        wanted = self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0]
+        got = self._session.get_providers()
+        if wanted not in got:
+            # ONNX Runtime falls back to the next provider with only a warning; measuring that would misreport
+            raise BackendError(f"onnxruntime did not enable {wanted} (the session runs on {', '.join(got)}); its libraries "
+                               "(CUDA, cuDNN, TensorRT) must be loadable here; see the log for ONNX Runtime's warning.")
         self._outputs = self.signature.output_names
 
     def _deactivate(self) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optimizer.backend.base import Artifact, Availability, Backend, Runner
+from optimizer.backend.cuda import torch_cuda_availability
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
 from optimizer.model.signature import Signature
@@ -27,10 +28,8 @@ class TorchEagerBackend(Backend):
     workflow = frozenset({"aot", "jit"})
 
     def _availability(self, device: str) -> Availability:
-        import torch
-
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            return Availability(False, "torch reports no CUDA device (torch.cuda.is_available() is False).")
+        if device.startswith("cuda"):
+            return torch_cuda_availability(device)
         return Availability(True)
 
     def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:

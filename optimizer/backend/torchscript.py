@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores
+from optimizer.backend.cuda import torch_cuda_availability
+from optimizer.backend.precision import reduced_precision_module
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
 from optimizer.model.samples import ShapePoint, generate_feed
@@ -28,12 +31,11 @@ class TorchScriptBackend(Backend):
     slow_imports = ("torch",)
     workflow = frozenset({"aot", "jit"})
     default_settings = {"freeze": True}
+    precisions = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32", "fp16", "bf16"})})
 
     def _availability(self, device: str) -> Availability:
-        import torch
-
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            return Availability(False, "torch reports no CUDA device (torch.cuda.is_available() is False).")
+        if device.startswith("cuda"):
+            return torch_cuda_availability(device)
         return Availability(True)
 
     def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
@@ -46,7 +48,8 @@ class TorchScriptBackend(Backend):
                 f"use --output-names {','.join(f'{n}__{i}' for i, n in enumerate(signature.output_names))}."
             )
         workdir.mkdir(parents=True, exist_ok=True)
-        module = model.inner_module
+        precision = self.settings["precision"]
+        module = reduced_precision_module(model.inner_module, precision)
         if isinstance(module, torch.jit.ScriptModule):
             scripted = module
         else:
@@ -68,7 +71,8 @@ class TorchScriptBackend(Backend):
             files=["model.pt"],
             signature=signature.to_json(),
             triton_platform=self.triton_platform,
-            metadata={"method": "script" if isinstance(model.inner_module, torch.jit.ScriptModule) else "trace", "frozen": self.settings["freeze"], **self.versions()},
+            metadata={"method": "script" if isinstance(module, torch.jit.ScriptModule) else "trace", "frozen": self.settings["freeze"],
+                      "precision": precision, **self.versions()},
             batch_range=batch_range,
         )
 

@@ -35,6 +35,24 @@ EXACT = Tolerance(0.0, 0.0)
 """Integer and boolean outputs must match exactly."""
 
 
+REDUCED_PRECISION_DTYPE = MappingProxyType({"fp16": "float16", "bf16": "bfloat16"})
+"""The dtype whose tolerance applies to float outputs of a candidate built at a reduced --precision."""
+
+
+def precision_tolerances(signature: Any, precision: str, overrides: dict[str, Tolerance] | None = None) -> dict[str, Tolerance]:
+    """Tolerance overrides for a candidate that computes in `precision` but returns float32.
+
+    Its float outputs are judged like outputs of the reduced dtype (fp16: atol/rtol 1e-2), integer
+    outputs stay exact; the user's own overrides (per output, or "" for all) always win.
+    """
+    overrides = dict(overrides or {})
+    if precision not in REDUCED_PRECISION_DTYPE or "" in overrides:
+        return overrides
+    loose = DEFAULT_TOLERANCES[REDUCED_PRECISION_DTYPE[precision]]
+    reduced = {t.name: loose for t in signature.outputs if t.dtype.name in ("float32", "float64")}
+    return {**reduced, **overrides}
+
+
 def tolerance_for(dtype: str, name: str, overrides: dict[str, Tolerance] | None = None) -> Tolerance:
     """Per-output override first (key = output name), then the "" default override, then the per-dtype default."""
     overrides = overrides or {}

@@ -24,6 +24,7 @@ from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, ModelSource, load_source
 from optimizer.task.correctness import CorrectnessReport, Tolerance, compare_outputs
+from optimizer.task.device_memory import is_allocation_failure, release_device_memory
 from optimizer.task.find_max_batch_size import (
     BatchPolicy,
     MaxBatchDecision,
@@ -204,15 +205,6 @@ def _vm_data_bytes() -> int:
     return 0
 
 
-def is_allocation_failure(err: BaseException) -> bool:
-    """Allocation failures look different per runtime (ORT raises its own Fail); all mention allocating."""
-    text = str(err).lower()
-    if isinstance(err, MemoryError):
-        return True
-    torch = sys.modules.get("torch")  # only a process that already runs torch can raise its CUDA OOM
-    if torch is not None and isinstance(err, torch.cuda.OutOfMemoryError):
-        return True
-    return any(k in text for k in ("allocate", "out of memory", "bad_alloc", "cannot allocate"))
 
 
 def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +240,7 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         def measure_batch(batch: int):
             if job.deadline and time.time() > job.deadline:
                 raise TimeBudgetExceeded("the time budget ran out")
+            release_device_memory(cand.device)  # each probe starts without the cache of the one before
             try:
                 feed = tile_feed(base, batch) if signature.batching else base
                 runner.infer(feed)  # checked once, outside the timed windows
@@ -255,7 +248,7 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             except Exception as err:
                 if is_allocation_failure(err):
                     log.info("%s | batch %d does not fit: %s", cand.name, batch, first_line(err))
-                    backend.release_memory(cand.device)
+                    release_device_memory(cand.device)
                     raise OutOfMemory(f"batch {batch}: {first_line(err)}") from err
                 raise
             log.info("%s | batch %d: %.1f/s p50 %.2f ms p95 %.2f ms (cv %.3f, others %.0f%%)",

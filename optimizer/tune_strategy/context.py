@@ -23,6 +23,7 @@ class TuneContext:
     reference: ReferenceSet
     workdir: Path
     device: str = "cpu"
+    precision: str = "fp32"  # --precision every candidate builds at (eager, the baseline, stays fp32)
     recorded_batch_sizes: tuple[int, ...] = ()
     build_timeout_s: float | None = 900.0
     profile_timeout_s: float | None = 900.0

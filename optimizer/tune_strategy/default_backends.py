@@ -8,14 +8,19 @@ AOT = ("torchscript", "onnxruntime")
 AOT_DISTRIBUTED = ("torchscript",)
 """Graph exporters that cannot carry collectives (ONNX, TensorRT) are left out for distributed modules."""
 
+AOT_CUDA = ("tensorrt", "onnxruntime-trt")
+"""Tried first on a GPU, before the AOT list: the engines users expect to win there (unavailable ones say why)."""
+
 JIT = ("torchscript", "onnxruntime")
 """Cheap-to-build candidates for the JIT workflow, which measures only recorded batch sizes."""
 
 JIT_DISTRIBUTED = ("torchscript",)
 
 
-def aot(distributed: bool) -> list[str]:
-    return list(AOT_DISTRIBUTED if distributed else AOT)
+def aot(distributed: bool, device: str = "cpu") -> list[str]:
+    if distributed:
+        return list(AOT_DISTRIBUTED)
+    return list(AOT_CUDA + AOT) if device.startswith("cuda") else list(AOT)
 
 
 def jit(distributed: bool) -> list[str]:

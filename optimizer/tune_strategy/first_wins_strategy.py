@@ -15,7 +15,7 @@ class FirstWinsStrategy(MultiBackendStrategy):
     name = "first-wins"
 
     def _default_aot_backends(self, distributed: bool) -> list[str]:
-        return default_backends.aot(distributed)
+        return default_backends.aot(distributed, self.device)
 
     def _default_jit_backends(self, distributed: bool) -> list[str]:
         return default_backends.jit(distributed)

@@ -27,7 +27,7 @@ class LatencyBudgetStrategy(MultiBackendStrategy):
         return float(self.latency_budget_ms or 0.0)
 
     def _default_aot_backends(self, distributed: bool) -> list[str]:
-        return default_backends.aot(distributed)
+        return default_backends.aot(distributed, self.device)
 
     def _default_jit_backends(self, distributed: bool) -> list[str]:
         return default_backends.jit(distributed)

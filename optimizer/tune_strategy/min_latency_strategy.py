@@ -14,7 +14,7 @@ class MinLatencyStrategy(MultiBackendStrategy):
     higher_is_better = False
 
     def _default_aot_backends(self, distributed: bool) -> list[str]:
-        return default_backends.aot(distributed)
+        return default_backends.aot(distributed, self.device)
 
     def _default_jit_backends(self, distributed: bool) -> list[str]:
         return default_backends.jit(distributed)

@@ -32,6 +32,7 @@ class MultiBackendStrategy(TuneStrategy):
         self.workflow = workflow
         self._explicit: list[Backend] | None = None if backends is None else [self._as_backend(b) for b in backends]
         self._distributed: bool | None = None
+        self.device = "cpu"  # the device of the last tuning run; AOT defaults on a GPU add GPU engines
         self._defaults: list[Backend] | None = None
 
     @classmethod
@@ -79,13 +80,20 @@ class MultiBackendStrategy(TuneStrategy):
             self._defaults = self._resolve_default_backends()
         return list(self._defaults)
 
-    def candidate_backends(self, module: Any) -> list[Backend]:
-        """The candidates this strategy tries for `module`: the explicit list, or the defaults for that module."""
+    def _configure_for_device(self, device: str) -> None:
+        """A change between CPU and GPU rebuilds the defaults (GPU-only engines join or leave)."""
+        if device.split(":", 1)[0] != self.device.split(":", 1)[0]:
+            self._defaults = None
+        self.device = device
+
+    def candidate_backends(self, module: Any, device: str = "cpu") -> list[Backend]:
+        """The candidates this strategy tries for `module` on `device`: the explicit list, or the defaults."""
         self._configure_for_module(module)
+        self._configure_for_device(device)
         return self._backends
 
     def _candidate_backends(self, ctx: TuneContext) -> list[Backend]:
-        return self.candidate_backends(ctx.model.module)
+        return self.candidate_backends(ctx.model.module, ctx.device)
 
 
 def check_backend_names(names: Sequence[str]) -> None:

@@ -23,6 +23,7 @@ from optimizer.backend import EAGER, Backend, backend_named
 from optimizer.backend.base import cpu_cores
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
+from optimizer.task.correctness import precision_tolerances
 from optimizer.task.evaluation import BuildJob, Candidate, MeasureJob
 from optimizer.task.find_max_batch_size import BatchPolicy
 from optimizer.task.isolation import ChildOutcome, run_isolated, stop_all_children
@@ -89,7 +90,7 @@ class TuneStrategy(FindMaxBatchSizeMixin):
         Eager PyTorch is measured too unless the gate is disabled; it is the bar, never published.
         """
         t0 = time.perf_counter()
-        backends = self._candidate_backends(ctx)
+        backends = [b.at_precision(ctx.precision) for b in self._candidate_backends(ctx)]
         if not backends:
             raise NoCandidateError(
                 "no candidate backends: the strategy was given an empty list; name at least one with --backend "
@@ -116,12 +117,16 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             ctx.on_event(Event("build", "skipped", cand.name, cand.reason))
             candidates.append(cand)
         runner = _CandidateRunner(self, ctx, policy, deadline)
+        runner.total = 2 * len(runnable) + (1 if self._wants_eager(ctx) else 0)  # build + measure each, measure eager
         eager = None
         interrupted = False
         try:
-            built = runner.build_all(runnable)
             if self._wants_eager(ctx):
+                # eager first, on a quiet machine: its knee is the batch engines are optimized for
                 eager = runner.measure(runner.eager_built())
+                if eager.passed and eager.decision is not None and eager.decision.knee:
+                    runnable = [b.with_batch_hint(eager.decision.knee) for b in runnable]
+            built = runner.build_all(runnable)
             for cand in built:
                 candidates.append(runner.measure(cand) if cand.status == "built" else cand)
         except KeyboardInterrupt:
@@ -234,7 +239,6 @@ class _CandidateRunner:
     # -- build ------------------------------------------------------------------------------
     def build_all(self, backends: Sequence[Backend]) -> list[Candidate]:
         """Build (and check) every runnable candidate, up to BUILD_WORKERS_MAX at a time, in candidate order."""
-        self.total = len(backends) * 2 + (1 if self.strategy._wants_eager(self.ctx) else 0)
         workers = max(1, min(BUILD_WORKERS_MAX, cpu_cores(), len(backends)))
         if workers == 1:
             return [self.build(b) for b in backends]
@@ -265,7 +269,7 @@ class _CandidateRunner:
             correctness_points=ctx.reference.points,
             batch_max=self.policy.cap,
             backend_settings=backend.settings,
-            tolerances={k: [t.atol, t.rtol] for k, t in ctx.tolerances.items()},
+            tolerances={k: [t.atol, t.rtol] for k, t in precision_tolerances(ctx.signature, backend.settings["precision"], ctx.tolerances).items()},
             state_dict=ctx.state_dict,
         )
         self._event("build", "start", name)

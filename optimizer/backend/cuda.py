@@ -1,0 +1,56 @@
+"""CUDA device facts shared by the GPU backends: which GPU a device string names, whether torch can use
+it, and the GPU's compute capability (which a TensorRT engine and its timing cache are tied to).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from optimizer.backend.base import Availability
+from optimizer.errors import SettingsError
+
+_DEVICE = re.compile(r"^cuda(?::(\d+))?$")
+
+
+def cuda_index(device: str) -> int:
+    """The GPU index of "cuda" (0) or "cuda:N" (N); anything else is a SettingsError."""
+    m = _DEVICE.match(device.strip())
+    if not m:
+        raise SettingsError(f"device {device!r} is not cuda or cuda:N; e.g. --device cuda:0.")
+    return int(m.group(1) or 0)
+
+
+def torch_cuda_availability(device: str) -> Availability:
+    """Whether torch can run on `device` (a CUDA build, a visible GPU with that index)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + (" (a CPU-only build)" if torch.version.cuda is None else f" (CUDA {torch.version.cuda})")
+        return Availability(False, f"torch reports no CUDA device (torch.cuda.is_available() is False; {build}).")
+    index = cuda_index(device)
+    count = torch.cuda.device_count()
+    if index >= count:
+        return Availability(False, f"{device} does not exist: torch sees {count} GPU(s) (cuda:0..cuda:{count - 1}).")
+    return Availability(True, f"{torch.cuda.get_device_name(index)}")
+
+
+def compute_capability(index: int) -> str | None:
+    """"9.0" for an H100/H200, from torch when it sees the GPU, else from nvidia-smi; None when neither can tell."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and index < torch.cuda.device_count():
+            major, minor = torch.cuda.get_device_capability(index)
+            return f"{major}.{minor}"
+    except Exception:  # torch missing or broken: try the driver's tool
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", str(index)],
+            capture_output=True, text=True, timeout=20, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = out.stdout.strip()
+    return text if re.fullmatch(r"\d+\.\d+", text) else None

@@ -1,0 +1,36 @@
+"""Rewrite the README's settings table from ExportSettings (run after adding an option):
+
+    .venv/bin/python scripts/settings_table.py
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from optimizer.settings import ExportSettings, key_of
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+START, END = "<!-- settings-table -->", "<!-- /settings-table -->"
+
+
+def table() -> str:
+    rows = ["| key (option) | default | meaning |", "|---|---|---|"]
+    for f in fields(ExportSettings):
+        key = key_of(f.name)
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        option = "MODEL argument" if key == "model" else f"--{key}"
+        shown = "" if default in (None, []) else f"`{default}`"
+        rows.append(f"| `{key}` ({option}) | {shown} | {f.metadata['help'].replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    text = README.read_text()
+    new = re.sub(f"{re.escape(START)}.*?{re.escape(END)}", f"{START}\n{table()}\n{END}", text, flags=re.S)
+    README.write_text(new)
+
+
+if __name__ == "__main__":
+    main()
