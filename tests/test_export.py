@@ -136,3 +136,15 @@ def test_real_allocation_failure_under_a_small_memory_budget(in_tmp: Path):
     assert result["max_batch_size"] == decision["max_batch_size"]
     config = parse((in_tmp / "model_repository" / "wide" / "config.pbtxt").read_text())
     assert config.max_batch_size == decision["max_batch_size"]
+
+
+def test_time_budget_still_measures_every_candidate_at_batch_1(in_tmp: Path):
+    r = run_cli("export", "tests.fixtures.models:seeded_mlp", "--backend", "onnxruntime", "--backend", "torchscript",
+                "--time-budget", "1", "--no-cache", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    result = _report(in_tmp / "aitune-reports" / "seeded_mlp" / "report.json")["result"]
+    for cand in [result["eager"], *result["candidates"]]:
+        assert cand["status"] == "passed", cand["reason"]
+        decision = cand["decision"]
+        assert decision["profiles"][0]["batch_size"] == 1
+        assert decision["decided_by"] in ("time_budget", "saturation")

@@ -238,7 +238,7 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         partial: list[Any] = []
 
         def measure_batch(batch: int):
-            if job.deadline and time.time() > job.deadline:
+            if partial and job.deadline and time.time() > job.deadline:  # batch 1 always: every candidate stays comparable
                 raise TimeBudgetExceeded("the time budget ran out")
             release_device_memory(cand.device)  # each probe starts without the cache of the one before
             try:

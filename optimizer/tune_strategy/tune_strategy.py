@@ -300,10 +300,6 @@ class _CandidateRunner:
         ctx = self.ctx
         backend = self._backend_of[cand.name]
         workdir = self._workdir(cand.name)
-        if self.deadline and time.time() > self.deadline:
-            cand.status, cand.stage, cand.reason = "skipped", "measure", "the time budget ran out before it was measured"
-            self._step_done("profile", cand.name, cand.reason, failed=True)
-            return cand
         budget = self.strategy.memory_budget_mb
         cached = ctx.cache.lookup_measurement(backend, ctx, self.policy, budget, cand) if ctx.cache is not None else None
         if cached is not None:
