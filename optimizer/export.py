@@ -145,7 +145,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     # 5. publish, then report
     on_event(Event("publish", "start", result.selected))
     options = PublishOptions(Path(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
-                             Path(settings.template_dir) if settings.template_dir else None)
+                             Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir)
     try:
         published = publish(result, options)
     except PublishError:
