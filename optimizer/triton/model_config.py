@@ -392,24 +392,28 @@ def _template_origin(source: str, template_dir: Path | None) -> str:
     return ""
 
 
+HEADER_FIELDS = ("name", "platform", "backend", "runtime", "max_batch_size", "version_policy", "default_model_filename")
+"""Fields canonical text puts first (what a reader looks for); the rest follow model_config.proto's order."""
+
+
 def canonical(config: Any) -> str:
-    """Canonical text: the field order of model_config.proto, one field per line, and max_batch_size always shown."""
+    """Canonical text: the header fields, then model_config.proto's order; one field per line; max_batch_size always shown."""
     from google.protobuf import text_format
 
     text = text_format.MessageToString(config, use_short_repeated_primitives=True)
-    if config.max_batch_size != 0:
-        return text
-    # proto3 drops zero scalars; say it explicitly so nobody wonders whether batching was forgotten.
+    entries: list[list[str]] = []
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line != "}":
+            entries.append([line])
+        else:
+            entries[-1].append(line)
+    if config.max_batch_size == 0:
+        # proto3 drops zero scalars; say it explicitly so nobody wonders whether batching was forgotten
+        entries.append(["max_batch_size: 0"])
     numbers = {f.name: f.number for f in config.DESCRIPTOR.fields}
-    mbs_number = numbers["max_batch_size"]
-    lines = text.splitlines()
-    at = len(lines)
-    for i, line in enumerate(lines):
-        if line[:1].isspace() or not line:
-            continue
-        fname = re.match(r"[A-Za-z_0-9]+", line)
-        if fname and numbers.get(fname.group(0), 0) > mbs_number:
-            at = i
-            break
-    lines.insert(at, "max_batch_size: 0")
-    return "\n".join(lines) + "\n"
+
+    def rank(entry: list[str]) -> tuple[int, int]:
+        name = re.match(r"[A-Za-z_0-9]+", entry[0]).group(0)
+        return (HEADER_FIELDS.index(name), 0) if name in HEADER_FIELDS else (len(HEADER_FIELDS), numbers.get(name, 1 << 30))
+
+    return "".join(line + "\n" for entry in sorted(entries, key=rank) for line in entry)
