@@ -466,3 +466,12 @@ def test_templates_ship_inside_the_built_wheel(tmp_path: Path):
     env = dict(os.environ, PYTHONPATH=str(site))
     r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("policy, field", [({"latest": 1}, "latest"), ({"specific": [2, 3]}, "specific"), ({"all": {}}, "all")])
+def test_every_version_policy_renders(tmp_path: Path, policy: dict, field: str):
+    result = golden_result(tmp_path, "onnxruntime_onnx")
+    config = parse(render(build_spec(result, "m", version_policy=policy)))
+    assert config.version_policy.WhichOneof("policy_choice") == field
+    if field == "specific":
+        assert list(config.version_policy.specific.versions) == [2, 3]

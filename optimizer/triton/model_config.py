@@ -353,7 +353,7 @@ def render(spec: ConfigSpec, template_dir: Path | None = None) -> str:
         filename, lineno = _template_line(err)
         where = f"{filename or name}:{lineno}" if lineno else (filename or name)
         message = " ".join(str(err).split())
-        raise TemplateError(f"template {where} failed to render: {message}; fix the template or remove it from --template-dir.") from err
+        raise TemplateError(f"template {where} failed to render: {message}; fix the template (any packaged template can be overridden with --template-dir).") from err
 
 
 def parse(text: str, where: str = "config.pbtxt", template_dir: Path | None = None) -> Any:
