@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optimizer.errors import NoCandidateError, PublishError, SettingsError
+from optimizer.errors import ConfigRuleError, NoCandidateError, PublishError, SettingsError, TemplateError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz
@@ -148,7 +148,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
                              Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir)
     try:
         published = publish(result, options)
-    except PublishError:
+    except (PublishError, TemplateError, ConfigRuleError):  # the tuning results are kept in the report
         write_report(report_path, result, settings)
         raise
     on_event(Event("publish", "done", result.selected, f"{published.model_dir} version {published.version}"))

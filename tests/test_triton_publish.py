@@ -360,3 +360,28 @@ def test_model_analyzer_config_carries_the_latency_budget(tmp_path: Path):
     cfg = yaml.safe_load(text)
     assert cfg["constraints"] == {"perf_latency_p99": {"max": 4.0}} and "p95" in text  # the header says which percentile we used
     assert "perf_analyzer_flags" not in cfg  # fixed dims need no --shape
+
+
+@pytest.mark.slow
+def test_export_stops_on_a_template_error_keeps_the_report_and_publish_finishes_the_job(tmp_path: Path):
+    """A real export (one small ONNX Runtime candidate): the broken template stops it before anything is written;
+    `publish REPORT` then re-emits the model without re-tuning, warmup included, and the config fits the real graph."""
+    bad = tmp_path / "templates" / "partials"
+    bad.mkdir(parents=True)
+    (bad / "batching.pbtxt.j2").write_text("dynamic_batching { max_queue_delay_microsecond: 5 }\n")
+    args = ("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "2", "--eager-gate", "disabled",
+            "--warmup", "--repository", str(tmp_path / "repo"), "--report-dir", str(tmp_path / "report"))
+    r = run_cli(*args, "--template-dir", str(tmp_path / "templates"), cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    error = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "at line" in error[0] and "column" in error[0] and "max_queue_delay_microsecond" in error[0]
+    assert str(bad / "batching.pbtxt.j2") in error[0]
+    assert not (tmp_path / "repo" / "mlp").exists() and (tmp_path / "report" / "report.json").is_file()
+
+    r = run_cli("publish", str(tmp_path / "report" / "report.json"), "--template-dir", str(ROOT / "model_repository_templates"), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    model = tmp_path / "repo" / "mlp"
+    config = parse((model / "config.pbtxt").read_text())
+    assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 2
+    assert [w.batch_size for w in config.model_warmup] == [1, 2] and (model / "warmup").is_dir()
+    assert (model / "1" / "model.onnx").is_file() and (tmp_path / "report" / "model_analyzer.yaml").is_file()
