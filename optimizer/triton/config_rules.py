@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from optimizer.backend.base import Artifact
+from optimizer.backend.triton_platforms import PLATFORMS
 from optimizer.errors import ConfigRuleError
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,15 @@ LIBTORCH = "PyTorch backend"
 TRT = "TensorRT backend"
 OURS = "aitune-export"
 
-# platform -> the backend Triton resolves it to (core AutoCompleteBackendFields; torch_aoti since Triton 26.03)
+# platform -> the backend Triton resolves it to (core AutoCompleteBackendFields; torch_aoti since Triton 26.03):
+# ours from the one platform table, plus the TensorFlow platforms Triton also knows
 PLATFORM_BACKEND = MappingProxyType({
-    "tensorrt_plan": "tensorrt",
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "torch_aoti": "pytorch",
+    **{p.platform: p.backend for p in PLATFORMS.values() if p.platform},
     "tensorflow_savedmodel": "tensorflow",
     "tensorflow_graphdef": "tensorflow",
 })
+LIBTORCH_NAMED = frozenset(p.platform for p in PLATFORMS.values() if p.libtorch_io_names)  # outputs <name>__<index>
+GPU_ONLY = frozenset(p.platform for p in PLATFORMS.values() if p.gpu_only)
 # backends core knows by type: a platform must resolve to the same one (others accept any platform)
 TYPED_BACKENDS = frozenset({"tensorrt", "onnxruntime", "pytorch", "tensorflow"})
 
@@ -102,6 +103,8 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(name: str) -> Callable[[Rule], Rule]:
+    """Register a check under `name` (tests break each registered rule once)."""
+
     def register(fn: Rule) -> Rule:
         RULES[name] = fn
         return fn
@@ -115,6 +118,10 @@ def _shape(dims: Any) -> str:
 
 def _is_trt(config: Any) -> bool:
     return config.platform == "tensorrt_plan" or config.backend == "tensorrt"
+
+
+def _gpu_only(config: Any) -> bool:
+    return config.platform in GPU_ONLY or _is_trt(config)
 
 
 def _backend_of(config: Any) -> str:
@@ -300,7 +307,7 @@ def _instances(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
             elif facts.engine_profile_count is not None and int(p) >= facts.engine_profile_count:
                 out.append(RuleViolation("instance_group", TRT, f"{where} selects optimization profile {p} but the engine has "
                                          f"{facts.engine_profile_count} profile(s)", f"use profiles 0..{facts.engine_profile_count - 1}"))
-        if kind == "KIND_CPU" and _is_trt(config):
+        if kind == "KIND_CPU" and _gpu_only(config):
             out.append(RuleViolation("instance_group", TRT, f"{where} has kind KIND_CPU, but a TensorRT engine runs on a GPU only",
                                      "use KIND_GPU"))
     return out
@@ -459,7 +466,7 @@ def _onnx_io(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
 
 @rule("libtorch_names")
 def _libtorch(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
-    if config.platform != "pytorch_libtorch":
+    if config.platform not in LIBTORCH_NAMED:
         return []
     return [RuleViolation("libtorch_names", LIBTORCH, f"output '{t.name}' does not follow naming convention i.e. <name>__<index>.",
                           "name outputs output__0, output__1, ... (--output-names)")

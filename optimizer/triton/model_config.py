@@ -120,6 +120,7 @@ class ConfigSpec:
         return ctx
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as report.json records it (the template variables)."""
         return self.context()
 
 

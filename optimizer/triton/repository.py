@@ -309,6 +309,7 @@ class Published:
     model_analyzer_config: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The record report.json keeps under "published"."""
         return {"model_dir": str(self.model_dir), "version": self.version, "replaced": self.replaced, "versions": self.versions,
                 "config": self.config, "model_analyzer_config": self.model_analyzer_config}
 
