@@ -368,8 +368,9 @@ def parse(text: str, where: str = "config.pbtxt", template_dir: Path | None = No
     except text_format.ParseError as err:
         line, column = err.GetLine(), err.GetColumn()
         lines = text.splitlines()
-        source = lines[line - 1].strip() if line and 0 < line <= len(lines) else ""
-        origin = _template_origin(source, template_dir)
+        raw = lines[line - 1] if line and 0 < line <= len(lines) else ""
+        source = raw.strip()
+        origin = _template_origin(raw[max(column - 1, 0):] if column else source, template_dir)
         detail = str(err).split(" : ", 1)[-1].strip() if " : " in str(err) else str(err)
         raise TemplateError(
             f"{where} does not parse as Triton's ModelConfig at line {line}, column {column}: {detail} "
@@ -378,9 +379,9 @@ def parse(text: str, where: str = "config.pbtxt", template_dir: Path | None = No
     return config
 
 
-def _template_origin(source: str, template_dir: Path | None) -> str:
-    """Best effort: the template file and line that produced an offending rendered line (its field name)."""
-    m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)", source)
+def _template_origin(at_error: str, template_dir: Path | None) -> str:
+    """Best effort: the template file and line that wrote the field the parser stopped at (user templates first)."""
+    m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)", at_error)
     if not m:
         return ""
     token = m.group(1)
