@@ -153,9 +153,14 @@ def batching_plan(decision: MaxBatchDecision | None, max_batch_size: int, latenc
     wait at what the largest batch's latency leaves of it.
     """
     off = BatchingPlan(False, [], 0, max_batch_size, 0, None, percentile, latency_budget_ms, None, None, None, None, None)
-    if max_batch_size <= 1 or decision is None or not decision.profiles:
-        off.explanation = ("no dynamic_batching: the model does not batch" if max_batch_size == 0
-                           else f"no dynamic_batching: max_batch_size is {max_batch_size}, nothing to batch")
+    if max_batch_size == 0:
+        off.explanation = "no dynamic_batching: the model does not batch"
+        return off
+    if max_batch_size == 1:
+        off.explanation = "no dynamic_batching: max_batch_size is 1, nothing to batch"
+        return off
+    if decision is None or not decision.profiles:
+        off.explanation = "no dynamic_batching: the record has no measured batch sizes to derive it from"
         return off
     knee = decision.knee if decision.profile_at(decision.knee) else decision.best_batch
     knee_profile = decision.profile_at(knee) or decision.best
