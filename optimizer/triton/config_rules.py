@@ -31,7 +31,9 @@ CORE = "Triton core"
 ORT = "ONNX Runtime backend"
 LIBTORCH = "PyTorch backend"
 TRT = "TensorRT backend"
+OPENVINO = "OpenVINO backend"
 OURS = "aitune-export"
+BACKEND_NAMES = MappingProxyType({"onnxruntime": ORT, "pytorch": LIBTORCH, "tensorrt": TRT, "openvino": OPENVINO})
 
 # platform -> the backend Triton resolves it to (core AutoCompleteBackendFields; torch_aoti since Triton 26.03):
 # ours from the one platform table, plus the TensorFlow platforms Triton also knows
@@ -392,7 +394,7 @@ def _parameters(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     out = []
     for key, value in config.parameters.items():
         kind, text = known.get(key), value.string_value
-        source = f"{backend} backend"
+        source = BACKEND_NAMES.get(backend, f"{backend} backend")
         if kind is bool and text.lower() not in ("true", "false", "1", "0"):
             out.append(RuleViolation("parameters", source, f"failed to convert {key} '{text}' to boolean value", 'use "true" or "false"'))
         elif kind is int and not re.fullmatch(r"[+-]?\d+", text.strip()):
