@@ -247,6 +247,9 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
     mbs = result.max_batch_size if sig.batching else 0
     settings = dict(artifact.triton_settings)
     parameters = {k: parameter_text(v) for k, v in dict(settings.get("parameters", {})).items()}
+    if platform.key == "torch_aoti":
+        log.warning("%s | platform torch_aoti needs Triton 26.03 or later; the PyTorch backend's README says batch sizes above 1 "
+                    "are not supported for AOTInductor packages yet (max_batch_size %d)", cand.name, mbs)
     return ConfigSpec(
         name=name,
         platform=platform.platform,
