@@ -14,7 +14,6 @@ def onnx_io_names(path: Path) -> tuple[list[str], list[str]]:
     return [i.name for i in proto.graph.input if i.name not in inits], [o.name for o in proto.graph.output]
 
 
-
 def onnx_io_shapes(path: Path) -> tuple[dict[str, list[int] | None], dict[str, list[int] | None]]:
     """Graph inputs (minus initializers) and outputs by name, in graph order, with their shapes.
 
