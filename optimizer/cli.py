@@ -144,7 +144,11 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     click.echo(f"selected {chosen.name}: {result.selection_reason}")
     click.echo(chosen.decision.explanation if chosen.decision else f"max_batch_size {result.max_batch_size}")
     click.echo(f"published {outcome.published.model_dir} (version {outcome.published.version})")
+    if outcome.published.config:
+        click.echo(outcome.published.config["batching"]["explanation"])
     click.echo(f"report {outcome.report_path}")
+    if outcome.published.model_analyzer_config:
+        click.echo(f"Model Analyzer config: {outcome.published.model_analyzer_config}")
 
 
 @main.command()
@@ -176,28 +180,23 @@ def backends(device: str, check_imports: bool, precision: str, as_json: bool) ->
 @click.argument("report", type=click.Path(dir_okay=False))
 @click.option("--repository", help="Publish into this repository instead of the one in the report.")
 @click.option("--name", help="Model name (default: the one in the report).")
-@click.option("--version", type=click.IntRange(min=1), help="Add this version to an existing model.")
-@click.option("--overwrite/--no-overwrite", default=None, help="Replace an existing model of the same name.")
+@click.option("--version", type=click.IntRange(min=1), help="Add this version to an existing model, leaving its other versions alone.")
+@click.option("--overwrite/--no-overwrite", default=None, help="Replace an existing model of the same name (an atomic swap).  [default: --no-overwrite]")
+@click.option("--warmup/--no-warmup", default=None, help="Add model_warmup from the run's sample.  [default: as in the run]")
 @click.option("--template-dir", type=click.Path(file_okay=False), help="Templates overriding the packaged ones.")
-def publish(report: str, repository: str | None, name: str | None, version: int | None, overwrite: bool | None, template_dir: str | None) -> None:
-    """Re-emit a repository from a finished run's REPORT (report.json) without re-tuning."""
-    from optimizer.report.json_report import read_report
-    from optimizer.triton.publish import PublishOptions, publish as do_publish
+def publish(report: str, repository: str | None, name: str | None, version: int | None, overwrite: bool | None,
+            warmup: bool | None, template_dir: str | None) -> None:
+    """Re-emit a repository from a finished run's REPORT (report.json) without re-tuning.
 
-    def run():
-        result, settings, _ = read_report(Path(report))
-        options = PublishOptions(
-            Path(repository or settings.repository),
-            name or settings.name or result.model_name,
-            version,
-            bool(overwrite),
-            settings.warmup,
-            Path(template_dir or settings.template_dir) if (template_dir or settings.template_dir) else None,
-        )
-        return do_publish(result, options)
+    The artifacts the report names must still exist. The Model Analyzer config is written next to REPORT.
+    """
+    from optimizer.triton.publish import republish
 
-    published = _run_guarded(run)
+    published = _run_guarded(lambda: republish(Path(report), Path(repository) if repository else None, name, version, overwrite,
+                                               Path(template_dir) if template_dir else None, warmup))
     click.echo(f"published {published.model_dir} (version {published.version})")
+    if published.model_analyzer_config:
+        click.echo(f"Model Analyzer config: {published.model_analyzer_config}")
 
 
 @main.command("inspect")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.backend.precision import check_precision
-from optimizer.errors import Interrupted, NoCandidateError, PublishError, SettingsError
+from optimizer.errors import ConfigRuleError, Interrupted, NoCandidateError, PublishError, SettingsError, TemplateError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz
@@ -160,10 +160,10 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     # 5. publish, then report
     on_event(Event("publish", "start", result.selected))
     options = PublishOptions(Path(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
-                             Path(settings.template_dir) if settings.template_dir else None)
+                             Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir)
     try:
         published = publish(result, options)
-    except PublishError:
+    except (PublishError, TemplateError, ConfigRuleError):  # the tuning results are kept in the report
         write_report(report_path, result, settings)
         write_report_files(report_path)
         raise

@@ -26,7 +26,7 @@ def _write_report(path: Path, result: TuneResult, settings: ExportSettings, publ
     doc = {
         "result": result.to_json(),
         "settings": settings.to_dict(),
-        "published": None if published is None else {"model_dir": str(published.model_dir), "version": published.version, "replaced": published.replaced},
+        "published": None if published is None else published.to_json(),
         **(extra or {}),
     }
     tmp = path.with_suffix(".json.tmp")

@@ -1,12 +1,23 @@
-"""config.pbtxt: rendered from the platform's Jinja2 template, parsed into Triton's real schema
-(`tritonclient.grpc.model_config_pb2.ModelConfig`), checked against Triton's load-time rules and
-written in canonical text form. Nothing is written when any of that fails.
+"""config.pbtxt: a ConfigSpec (plain data) rendered by the platform's Jinja2 template, parsed into
+Triton's real schema (`tritonclient.grpc.model_config_pb2.ModelConfig`), checked against Triton's
+load-time rules (config_rules.py) and written in canonical text form. Nothing is written when any
+of that fails.
+
+What the spec takes from a backend's `Artifact.triton_settings` (all keys optional):
+    parameters            {key: str | int | float | bool}  -> typed `parameters` (bools as "true"/"false")
+    graph_level           ONNX Runtime graph level as Triton spells it (None = all, -1 basic, 1 extended, 2 none)
+    tensorrt_accelerator  {"precision": "fp32"|"fp16"|"int8", "max_workspace_size_bytes": int, ...}
+                          -> ORT's TensorRT execution accelerator, with profiles covering 1..max batch
+    gpu_execution_accelerator / cpu_execution_accelerator   {"name": ..., "parameters": {...}} passed through
+    cuda_graphs           TensorRT: optimization { cuda { graphs: true } }
+    profiles              TensorRT: the engine profiles the instance group uses (["0", ...])
+and from `Artifact.metadata`: `engine_max_batch` (TensorRT: the largest batch every profile accepts).
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,127 +25,282 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from optimizer.backend.base import Artifact, device_kind
-from optimizer.backend.triton_platforms import PLATFORMS, TritonPlatform
+from optimizer.backend.triton_platforms import TritonPlatform
 from optimizer.errors import PublishError, TemplateError
 from optimizer.model.signature import Signature, TensorSpec
 
 if TYPE_CHECKING:
     from optimizer.task.find_max_batch_size import MaxBatchDecision
+    from optimizer.task.profiling import BatchProfile
     from optimizer.tune_strategy.result import TuneResult
 
 log = logging.getLogger(__name__)
 
 MIN_QUEUE_DELAY_US = 100
 MAX_QUEUE_DELAY_US = 50_000
+QUEUE_DELAY_FORMULA = (
+    "max_queue_delay_microseconds = clamp(p50(knee batch) / 2, 100 us, 50 ms); "
+    "with a latency budget: min(that, budget - p<percentile>(max batch)), at least 0. "
+    "preferred_batch_size = the knee and max_batch_size, sizes above 1 only"
+)
+"""The rule README.md documents; `BatchingPlan.explanation` shows it with the run's numbers."""
+
+TRT_PRECISIONS = ("FP32", "FP16", "INT8")
+TEMPLATE_SUFFIX = ".pbtxt.j2"
+
+
+@dataclass
+class TensorEntry:
+    """One config input/output: dims without the batch axis; `reshape` [] turns dims [1] into a per-sample scalar."""
+
+    name: str
+    data_type: str
+    dims: list[int]
+    reshape: list[int] | None = None
+
+
+@dataclass
+class BatchingPlan:
+    """The dynamic_batching block and every number it was derived from (report.json shows this record)."""
+
+    enabled: bool
+    preferred_batch_size: list[int]
+    max_queue_delay_microseconds: int
+    max_batch_size: int
+    knee: int
+    knee_p50_ms: float | None
+    percentile: int
+    latency_budget_ms: float | None
+    max_batch_latency_ms: float | None  # latency at `percentile` of the largest measured batch <= max_batch_size
+    max_batch_latency_at: int | None  # that batch size
+    half_knee_p50_us: int | None
+    clamped_us: int | None
+    budget_room_us: int | None  # budget - max_batch_latency, when a budget is set
+    formula: str = QUEUE_DELAY_FORMULA
+    explanation: str = ""
 
 
 @dataclass
 class ConfigSpec:
-    """Everything a template needs; plain data so a user template can use any of it."""
+    """Everything a template needs, as plain data, so a user template can use any of it.
+
+    `optimization` has keys graph_level (int | None), gpu_execution_accelerator and
+    cpu_execution_accelerator (lists of {"name", "parameters"}) and cuda_graphs (bool).
+    `settings` is the artifact's raw triton_settings, for user templates that want more.
+    """
 
     name: str
     platform: str | None
     backend: str | None
     max_batch_size: int
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
+    inputs: list[TensorEntry]
+    outputs: list[TensorEntry]
     instance_group: dict[str, Any]
-    dynamic_batching: dict[str, Any] | None = None
+    batching: BatchingPlan
+    optimization: dict[str, Any] = field(default_factory=dict)
     parameters: dict[str, str] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
     warmup: list[dict[str, Any]] = field(default_factory=list)
     version_policy: dict[str, Any] | None = None
     default_model_filename: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
     template: str = ""  # template stem (the platform key)
 
+    @property
+    def dynamic_batching(self) -> dict[str, Any] | None:
+        """The dynamic_batching block as the templates read it (None: no block)."""
+        if not self.batching.enabled:
+            return None
+        return {"preferred_batch_size": self.batching.preferred_batch_size,
+                "max_queue_delay_microseconds": self.batching.max_queue_delay_microseconds}
+
     def context(self) -> dict[str, Any]:
-        return asdict(self)
+        """The template variables: every field as plain dicts and lists, plus `dynamic_batching`."""
+        ctx = asdict(self)
+        ctx["dynamic_batching"] = self.dynamic_batching
+        return ctx
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as report.json records it (the template variables)."""
+        return self.context()
 
 
-def tensor_entry(spec: TensorSpec, batching: bool) -> dict[str, Any]:
-    """A config input/output: dims without the batch axis; a per-sample scalar becomes dims [1] with an empty reshape."""
+# -- what the config says ------------------------------------------------------------------------
+
+
+def tensor_entry(spec: TensorSpec, batching: bool) -> TensorEntry:
+    """dims without the batch axis, -1 only where the axis varies; a per-sample scalar becomes dims [1] + empty reshape."""
     dims = spec.triton_dims
     if not dims:
         if not batching:
             raise PublishError(
-                f"tensor {spec.name!r} is a scalar in a non-batching model; Triton cannot serve scalar tensors "
-                "without a batch axis (\"cannot have empty reshape for non-batching model\"). Return at least one dim."
+                f"tensor {spec.name!r} is a scalar in a non-batching model; Triton rejects it (\"cannot have empty reshape for "
+                "non-batching model as scalar tensors are not supported\"). Return at least one dimension, or publish with batching."
             )
-        return {"name": spec.name, "data_type": spec.dtype.triton, "dims": [1], "reshape": []}
-    return {"name": spec.name, "data_type": spec.dtype.triton, "dims": dims, "reshape": None}
+        return TensorEntry(spec.name, spec.dtype.triton, [1], [])
+    return TensorEntry(spec.name, spec.dtype.triton, dims, None)
 
 
-def queue_delay_us(decision: MaxBatchDecision, latency_budget_ms: float | None, percentile: int) -> int:
-    """max_queue_delay_microseconds = half the p50 of a knee-sized batch, clamped to [100 us, 50 ms] and,
-    with a latency budget, to what the budget leaves after the max batch's percentile latency.
+def _latency_at_max(decision: MaxBatchDecision, max_batch_size: int) -> BatchProfile:
+    fitting = [p for p in decision.profiles if p.batch_size <= max_batch_size]
+    return max(fitting or decision.profiles, key=lambda p: p.batch_size)
 
-    Waiting about half a knee batch's compute time lets requests gather into the batch that already
-    reaches near-peak throughput, without doubling the latency of a lone request.
+
+def batching_plan(decision: MaxBatchDecision | None, max_batch_size: int, latency_budget_ms: float | None, percentile: int) -> BatchingPlan:
+    """preferred_batch_size and max_queue_delay_microseconds from the measured profile and the latency budget.
+
+    Waiting about half a knee-sized batch's compute time lets requests gather into the batch that
+    already reaches near-peak throughput without doubling a lone request's latency; a budget caps the
+    wait at what the largest batch's latency leaves of it.
     """
-    knee = decision.profile_at(decision.knee) or decision.best
-    delay = int(round(knee.p50_ms * 1000 / 2))
-    delay = max(MIN_QUEUE_DELAY_US, min(MAX_QUEUE_DELAY_US, delay))
+    off = BatchingPlan(False, [], 0, max_batch_size, 0, None, percentile, latency_budget_ms, None, None, None, None, None)
+    if max_batch_size == 0:
+        off.explanation = "no dynamic_batching: the model does not batch"
+        return off
+    if max_batch_size == 1:
+        off.explanation = "no dynamic_batching: max_batch_size is 1, nothing to batch"
+        return off
+    if decision is None or not decision.profiles:
+        off.explanation = "no dynamic_batching: the record has no measured batch sizes to derive it from"
+        return off
+    knee = decision.knee if decision.profile_at(decision.knee) else decision.best_batch
+    knee_profile = decision.profile_at(knee) or decision.best
+    half = int(round(knee_profile.p50_ms * 1000 / 2))
+    clamped = max(MIN_QUEUE_DELAY_US, min(MAX_QUEUE_DELAY_US, half))
+    worst = _latency_at_max(decision, max_batch_size)
+    worst_ms = worst.percentile_ms(percentile)
+    delay, room = clamped, None
+    text = f"p50 at knee batch {knee} = {knee_profile.p50_ms:.3f} ms -> half = {half} us -> clamped to [{MIN_QUEUE_DELAY_US}, {MAX_QUEUE_DELAY_US}] = {clamped} us"
     if latency_budget_ms is not None:
-        worst = decision.profile_at(decision.max_batch_size) or decision.best
-        room = int((latency_budget_ms - worst.percentile_ms(percentile)) * 1000)
-        delay = max(0, min(delay, room))
-    return delay
+        room = int((latency_budget_ms - worst_ms) * 1000)
+        delay = max(0, min(clamped, room))
+        text += f"; budget {latency_budget_ms:g} ms - p{percentile} at batch {worst.batch_size} ({worst_ms:.3f} ms) = {room} us -> {delay} us"
+    preferred = sorted({b for b in (knee, max_batch_size) if 1 < b <= max_batch_size})
+    text += f"; preferred_batch_size {preferred} (knee {knee}, max {max_batch_size})"
+    return BatchingPlan(True, preferred, delay, max_batch_size, knee, knee_profile.p50_ms, percentile, latency_budget_ms,
+                        worst_ms, worst.batch_size, half, clamped, room, explanation=text)
 
 
-def preferred_batch_sizes(decision: MaxBatchDecision) -> list[int]:
-    """The knee (near-peak throughput at the lowest latency) and the max batch, when they differ from 1."""
-    return sorted({b for b in (decision.knee, decision.max_batch_size) if 1 < b <= decision.max_batch_size})
-
-
-def instance_group_for(artifact: Artifact, count: int = 1) -> dict[str, Any]:
-    """Explicit placement: KIND_CPU for CPU artifacts, KIND_GPU on the tuned GPU for CUDA ones."""
-    if device_kind(artifact.device) == "cuda":
+def instance_group_for(artifact: Artifact, platform: TritonPlatform, count: int = 1) -> dict[str, Any]:
+    """Explicit placement: KIND_CPU for CPU artifacts, KIND_GPU on the tuned GPU (and its engine profiles) for CUDA ones."""
+    profiles = [str(p) for p in artifact.triton_settings.get("profiles", [])]
+    if device_kind(artifact.device) == "cuda" or platform.gpu_only:
         index = int(artifact.device.split(":")[1]) if ":" in artifact.device else 0
-        return {"kind": "KIND_GPU", "count": count, "gpus": [index], "profile": []}
-    return {"kind": "KIND_CPU", "count": count, "gpus": [], "profile": []}
+        return {"kind": "KIND_GPU", "count": count, "gpus": [index], "profile": profiles}
+    return {"kind": "KIND_CPU", "count": count, "gpus": [], "profile": profiles}
 
 
-def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | None = None, version_policy: dict[str, Any] | None = None) -> ConfigSpec:
-    """The config of the selected candidate of a tuning result."""
+def parameter_text(value: Any) -> str:
+    """Triton parameters are strings: bools become "true"/"false" (what the backends parse), numbers their decimal form."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise PublishError(f"parameter value {value!r} is a {type(value).__name__}; Triton parameters are strings, numbers or booleans.")
+
+
+def trt_profile_shapes(sig: Signature, max_batch_size: int) -> dict[str, str]:
+    """ONNX Runtime TensorRT EP profile shapes covering batch 1..max and every dynamic axis' range ("x:1x3,y:1x5")."""
+    def shapes(point: str, batch: int | None) -> str:
+        return ",".join(f"{t.name}:{'x'.join(str(d) for d in t.shape(batch, point))}" for t in sig.inputs)
+
+    if sig.batching:
+        opt_batch = max(1, max_batch_size)
+        return {"trt_profile_min_shapes": shapes("min", 1), "trt_profile_opt_shapes": shapes("max", opt_batch),
+                "trt_profile_max_shapes": shapes("max", max(1, max_batch_size))}
+    return {"trt_profile_min_shapes": shapes("min", None), "trt_profile_opt_shapes": shapes("max", None),
+            "trt_profile_max_shapes": shapes("max", None)}
+
+
+def optimization_for(settings: dict[str, Any], sig: Signature, max_batch_size: int) -> dict[str, Any]:
+    """The optimization block: ORT graph level, execution accelerators (TensorRT with precision, workspace and profiles), CUDA graphs."""
+    gpu = [dict(a) for a in _as_list(settings.get("gpu_execution_accelerator"))]
+    cpu = [dict(a) for a in _as_list(settings.get("cpu_execution_accelerator"))]
+    trt = settings.get("tensorrt_accelerator")
+    if trt:
+        params = {k: parameter_text(v) for k, v in trt.items() if k not in ("precision", "max_workspace_size_bytes")}
+        params["precision_mode"] = str(trt.get("precision", "fp32")).upper()
+        if trt.get("max_workspace_size_bytes") is not None:
+            params["max_workspace_size_bytes"] = str(int(trt["max_workspace_size_bytes"]))
+        params.update(trt_profile_shapes(sig, max_batch_size))
+        gpu.insert(0, {"name": "tensorrt", "parameters": params})
+    for acc in gpu + cpu:
+        acc["parameters"] = {k: parameter_text(v) for k, v in (acc.get("parameters") or {}).items()}
+    return {"graph_level": settings.get("graph_level"), "gpu_execution_accelerator": gpu,
+            "cpu_execution_accelerator": cpu, "cuda_graphs": bool(settings.get("cuda_graphs", False))}
+
+
+def _as_list(value: Any) -> list[dict[str, Any]]:
+    if not value:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | None = None,
+               version_policy: dict[str, Any] | None = None) -> ConfigSpec:
+    """The config of the selected candidate of a tuning result (no I/O: the record is all it needs)."""
     cand = result.selected_candidate
     artifact = cand.artifact
-    if artifact is None or artifact.platform is None or cand.decision is None:
-        raise PublishError(f"candidate {cand.name} has no publishable artifact.")
-    platform: TritonPlatform = artifact.platform
-    sig: Signature = artifact.sig
-    batching = sig.batching
-    mbs = result.max_batch_size if batching else 0
+    if artifact is None or artifact.platform is None:
+        raise PublishError(f"candidate {cand.name} has no publishable artifact; re-run the export.")
+    platform = artifact.platform
+    sig = artifact.sig
+    mbs = result.max_batch_size if sig.batching else 0
     settings = dict(artifact.triton_settings)
-    parameters = dict(settings.pop("parameters", {}))
-    dyn = None
-    if batching and mbs > 1:
-        dyn = {
-            "preferred_batch_size": preferred_batch_sizes(cand.decision),
-            "max_queue_delay_microseconds": queue_delay_us(cand.decision, result.latency_budget_ms, result.percentile),
-        }
+    parameters = {k: parameter_text(v) for k, v in dict(settings.get("parameters", {})).items()}
+    if platform.key == "torch_aoti":
+        log.warning("%s | platform torch_aoti needs Triton 26.03 or later; the PyTorch backend's README says batch sizes above 1 "
+                    "are not supported for AOTInductor packages yet (max_batch_size %d)", cand.name, mbs)
     return ConfigSpec(
         name=name,
         platform=platform.platform,
         backend=None if platform.platform else platform.backend,
         max_batch_size=mbs,
-        inputs=[tensor_entry(t, batching) for t in sig.inputs],
-        outputs=[tensor_entry(t, batching) for t in sig.outputs],
-        instance_group=instance_group_for(artifact),
-        dynamic_batching=dyn,
+        inputs=[tensor_entry(t, sig.batching) for t in sig.inputs],
+        outputs=[tensor_entry(t, sig.batching) for t in sig.outputs],
+        instance_group=instance_group_for(artifact, platform),
+        batching=batching_plan(cand.decision, mbs, result.latency_budget_ms, result.percentile),
+        optimization=optimization_for(settings, sig, mbs),
         parameters=parameters,
-        settings=settings,
         warmup=warmup or [],
         version_policy=version_policy,
-        default_model_filename=None,
+        settings=settings,
         template=platform.key,
     )
 
 
+def warmup_entries(sig: Signature, feed: dict[str, np.ndarray], max_batch_size: int) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+    """model_warmup at batch 1 and at the max batch from one real sample, and the warmup/<input>.data files.
+
+    Triton sends `batch_size` requests of one sample each, all reading the same file, so each file
+    holds one sample (row-major, the input's dtype). Returns (entries, {path inside the model: bytes}).
+    """
+    inputs: dict[str, Any] = {}
+    files: dict[str, bytes] = {}
+    for spec in sig.inputs:
+        if spec.dtype.name == "bfloat16":
+            raise PublishError(f"input {spec.name!r} is bfloat16, which has no numpy layout for a warmup file; publish without --warmup.")
+        sample = np.ascontiguousarray((feed[spec.name][0] if sig.batching else feed[spec.name]).astype(spec.dtype.numpy, copy=False))
+        files[f"warmup/{spec.name}.data"] = sample.tobytes()
+        inputs[spec.name] = {"data_type": spec.dtype.triton, "dims": list(sample.shape) or [1], "input_data_file": f"{spec.name}.data"}
+    batches = sorted({1, max(1, max_batch_size)}) if sig.batching else [1]
+    return [{"name": f"sample_batch_{b}", "batch_size": b, "count": 1, "inputs": inputs} for b in batches], files
+
+
+# -- render, parse, canonical text ---------------------------------------------------------------
+
+
 def packaged_template_dir() -> Path:
-    """The templates shipped with the package (model_repository_templates/ at the repository root)."""
+    """The templates shipped in the package (model_repository_templates/ at the repository root, mapped to
+    optimizer.model_repository_templates by pyproject.toml)."""
     from importlib.resources import files
 
     return Path(str(files("optimizer.model_repository_templates")))
+
+
+def _pbtxt_string(value: Any) -> str:
+    """A text-proto string literal (quotes and backslashes escaped)."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
 
 
 def _environment(template_dir: Path | None):
@@ -143,35 +309,64 @@ def _environment(template_dir: Path | None):
     loaders: list[Any] = []
     if template_dir is not None:
         if not template_dir.is_dir():
-            raise TemplateError(f"--template-dir {str(template_dir)!r} is not a directory; point it at a folder of *.pbtxt.j2 files.")
+            raise TemplateError(f"--template-dir {str(template_dir)!r} is not a directory; point it at a folder of *{TEMPLATE_SUFFIX} files.")
         loaders.append(jinja2.FileSystemLoader(str(template_dir)))
+        _warn_unused_overrides(template_dir)
     loaders.append(jinja2.FileSystemLoader(str(packaged_template_dir())))
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        autoescape=False,
     )
+    env.filters["q"] = _pbtxt_string
+    return env
+
+
+def _warn_unused_overrides(template_dir: Path) -> None:
+    packaged = {p.relative_to(packaged_template_dir()).as_posix() for p in packaged_template_dir().rglob(f"*{TEMPLATE_SUFFIX}")}
+    for p in template_dir.rglob(f"*{TEMPLATE_SUFFIX}"):
+        rel = p.relative_to(template_dir).as_posix()
+        if rel not in packaged:
+            log.warning("template %s overrides nothing (packaged templates: %s)", p, ", ".join(sorted(packaged)))
+
+
+def _template_line(err: BaseException) -> tuple[str | None, int | None]:
+    """Where in a template a render error happened: jinja2 rewrites tracebacks so template frames carry template lines."""
+    lineno = getattr(err, "lineno", None)
+    filename = getattr(err, "filename", None) or getattr(err, "name", None)
+    if lineno:
+        return filename, lineno
+    tb = err.__traceback__
+    found: tuple[str | None, int | None] = (None, None)
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(TEMPLATE_SUFFIX):
+            found = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
 
 
 def render(spec: ConfigSpec, template_dir: Path | None = None) -> str:
-    """The template's text for `spec` (user templates in `template_dir` override the packaged ones)."""
+    """The template's text for `spec` (templates in `template_dir` override the packaged ones, partials included)."""
     import jinja2
 
     env = _environment(template_dir)
-    name = f"{spec.template}.pbtxt.j2"
+    name = f"{spec.template}{TEMPLATE_SUFFIX}"
     try:
         return env.get_template(name).render(**spec.context())
     except jinja2.TemplateNotFound as err:
-        raise TemplateError(f"no template {err.name!r} for platform {spec.template!r}; add it to --template-dir or remove the override.") from err
-    except jinja2.TemplateError as err:
-        where = f"{getattr(err, 'filename', None) or name}:{getattr(err, 'lineno', '?')}"
-        raise TemplateError(f"template {where} failed to render: {err}") from err
+        raise TemplateError(f"no template {err.name!r} for platform {spec.template!r}; add it to --template-dir or remove the include.") from err
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:
+        filename, lineno = _template_line(err)
+        where = f"{filename or name}:{lineno}" if lineno else (filename or name)
+        message = " ".join(str(err).split())
+        raise TemplateError(f"template {where} failed to render: {message}; fix the template (any packaged template can be overridden with --template-dir).") from err
 
 
-def parse(text: str, where: str = "config.pbtxt") -> Any:
-    """Parse text into `ModelConfig`; a field Triton does not know is an error with its line and column."""
+def parse(text: str, where: str = "config.pbtxt", template_dir: Path | None = None) -> Any:
+    """Parse text into `ModelConfig`; a field Triton does not know is an error naming the parser's line and column."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -179,35 +374,56 @@ def parse(text: str, where: str = "config.pbtxt") -> Any:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as err:
-        raise TemplateError(f"{where} does not parse as Triton's ModelConfig at line {err.GetLine()}, column {err.GetColumn()}: {err}") from err
+        line, column = err.GetLine(), err.GetColumn()
+        lines = text.splitlines()
+        raw = lines[line - 1] if line and 0 < line <= len(lines) else ""
+        source = raw.strip()
+        origin = _template_origin(raw[max(column - 1, 0):] if column else source, template_dir)
+        detail = str(err).split(" : ", 1)[-1].strip() if " : " in str(err) else str(err)
+        raise TemplateError(
+            f"{where} does not parse as Triton's ModelConfig at line {line}, column {column}: {detail} "
+            f"(text: {source!r}{origin}); Triton would skip this model with 'failed to read text proto'."
+        ) from err
     return config
 
 
+def _template_origin(at_error: str, template_dir: Path | None) -> str:
+    """Best effort: the template file and line that wrote the field the parser stopped at (user templates first)."""
+    m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)", at_error)
+    if not m:
+        return ""
+    token = m.group(1)
+    dirs = ([template_dir] if template_dir else []) + [packaged_template_dir()]
+    for d in dirs:
+        for path in sorted(d.rglob(f"*{TEMPLATE_SUFFIX}")):
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(rf"(^|[^A-Za-z0-9_]){re.escape(token)}\s*[:{{\[]", line):
+                    return f", from {path}:{i}"
+    return ""
+
+
+HEADER_FIELDS = ("name", "platform", "backend", "runtime", "max_batch_size", "version_policy", "default_model_filename")
+"""Fields canonical text puts first (what a reader looks for); the rest follow model_config.proto's order."""
+
+
 def canonical(config: Any) -> str:
-    """Canonical text form: the order of model_config.proto, one field per line; max_batch_size always shown."""
+    """Canonical text: the header fields, then model_config.proto's order; one field per line; max_batch_size always shown."""
     from google.protobuf import text_format
 
     text = text_format.MessageToString(config, use_short_repeated_primitives=True)
+    entries: list[list[str]] = []
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line != "}":
+            entries.append([line])
+        else:
+            entries[-1].append(line)
     if config.max_batch_size == 0:
         # proto3 drops zero scalars; say it explicitly so nobody wonders whether batching was forgotten
-        lines = text.splitlines()
-        at = next((i + 1 for i, l in enumerate(lines) if l.startswith(("platform:", "backend:"))), 1)
-        lines.insert(at, "max_batch_size: 0")
-        text = "\n".join(lines) + "\n"
-    return text
+        entries.append(["max_batch_size: 0"])
+    numbers = {f.name: f.number for f in config.DESCRIPTOR.fields}
 
+    def rank(entry: list[str]) -> tuple[int, int]:
+        name = re.match(r"[A-Za-z_0-9]+", entry[0]).group(0)
+        return (HEADER_FIELDS.index(name), 0) if name in HEADER_FIELDS else (len(HEADER_FIELDS), numbers.get(name, 1 << 30))
 
-def warmup_entries(sig: Signature, feed: dict[str, np.ndarray], max_batch_size: int, directory: Path) -> list[dict[str, Any]]:
-    """model_warmup at batch 1 and at the max batch from a real sample; writes <model>/warmup/<input>.data."""
-    directory.mkdir(parents=True, exist_ok=True)
-    inputs = {}
-    for spec in sig.inputs:
-        sample = feed[spec.name][0] if sig.batching else feed[spec.name]
-        (directory / f"{spec.name}.data").write_bytes(np.ascontiguousarray(sample).tobytes())
-        inputs[spec.name] = {"data_type": spec.dtype.triton, "dims": list(sample.shape) or [1], "input_data_file": f"{spec.name}.data"}
-    batches = [1] if not sig.batching else sorted({1, max(1, max_batch_size)})
-    return [{"name": f"warmup_batch_{b}", "batch_size": b, "count": 1, "inputs": inputs} for b in batches]
-
-
-def elements(dims: list[int]) -> int:
-    return math.prod(dims) if dims else 1
+    return "".join(line + "\n" for entry in sorted(entries, key=rank) for line in entry)

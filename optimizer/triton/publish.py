@@ -1,16 +1,29 @@
-"""TuneResult -> a model in a Triton repository: render and check the config first, then place it atomically."""
+"""TuneResult -> a model in a Triton repository: render and check the config first, then place it atomically.
+
+The config depends on what is already in the repository (versions, the served platform), so it is
+rendered under the repository lock; a template error or a broken rule stops the run there, before
+anything is written. The Model Analyzer config goes next to the report, outside the repository.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from optimizer.errors import PublishError
+from optimizer.errors import PublishError, TemplateError
 from optimizer.model.samples import load_feeds
 from optimizer.triton import config_rules
-from optimizer.triton.model_config import build_spec, canonical, parse, render, warmup_entries
-from optimizer.triton.repository import ModelFiles, Published, check_model_name, check_repository, existing_versions, publish_model
+from optimizer.triton.model_config import ConfigSpec, TEMPLATE_SUFFIX, build_spec, canonical, parse, render, warmup_entries
+from optimizer.triton.repository import (
+    ModelFiles,
+    Published,
+    RepositoryState,
+    check_model_name,
+    check_repository,
+    publish_model,
+)
 from optimizer.tune_strategy.result import TuneResult
 
 log = logging.getLogger(__name__)
@@ -18,7 +31,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PublishOptions:
-    """Where and how to publish (the --repository, --name, --version, --overwrite, --warmup, --template-dir options)."""
+    """Where and how to publish (--repository, --name, --version, --overwrite, --warmup, --template-dir).
+
+    `report_dir`, when set, receives the Model Analyzer config (model_analyzer.yaml).
+    """
 
     repository: Path
     name: str
@@ -26,6 +42,7 @@ class PublishOptions:
     overwrite: bool = False
     warmup: bool = False
     template_dir: Path | None = None
+    report_dir: Path | None = None
 
 
 def check_options(options: PublishOptions) -> None:
@@ -34,59 +51,125 @@ def check_options(options: PublishOptions) -> None:
     check_repository(options.repository)
 
 
-def prepare_config(result: TuneResult, options: PublishOptions) -> tuple[str, dict[str, bytes]]:
-    """The checked, canonical config text and the warmup files, or an error before anything is written."""
-    cand = result.selected_candidate
-    artifact = cand.artifact
-    assert artifact is not None
-    target = options.repository / options.name
-    versions = set(existing_versions(target))
-    if target.exists() and not options.overwrite and options.version is not None:
-        _check_same_platform(target, artifact.platform.platform or artifact.platform.backend, options.name)
-        versions.add(options.version)
-    version_policy = {"latest": 1} if len(versions) > 1 else None
-    warmup, extra = [], {}
+def version_policy_for(state: RepositoryState) -> dict[str, Any] | None:
+    """With several versions, serve the one this config was written for: `latest 1` when it is the newest,
+    else exactly that version (the config is shared by all versions, so older ones may not match it)."""
+    versions = state.versions_after
+    if len(versions) <= 1:
+        return None
+    if state.version == max(versions):
+        return {"latest": 1}
+    log.warning("version %d is older than version %d: the config serves version %d only (version_policy specific)",
+                state.version, max(versions), state.version)
+    return {"specific": [state.version]}
+
+
+def render_config(result: TuneResult, options: PublishOptions, state: RepositoryState) -> tuple[str, dict[str, bytes], ConfigSpec]:
+    """The checked, canonical config text, the warmup files and the spec behind them; raises before anything is written."""
+    artifact = result.selected_candidate.artifact
+    assert artifact is not None and artifact.platform is not None
+    if state.exists and not state.overwrite and state.config_text:
+        _check_same_platform(state.config_text, artifact.platform.platform or artifact.platform.backend, options.name)
+    warmup, files = [], {}
     if options.warmup:
-        import tempfile
-
-        feed = load_feeds(Path(result.reference.profile_feed))[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            warmup = warmup_entries(artifact.sig, feed, result.max_batch_size, Path(tmp))
-            extra = {f"warmup/{p.name}": p.read_bytes() for p in Path(tmp).iterdir()}
-    spec = build_spec(result, options.name, warmup, version_policy)
+        feed_path = Path(result.reference.profile_feed)
+        if not feed_path.is_file():
+            raise PublishError(f"--warmup needs the run's sample {feed_path}, which is gone; re-run the export or publish with --no-warmup.")
+        warmup, files = warmup_entries(artifact.sig, load_feeds(feed_path)[0], result.max_batch_size)
+    spec = build_spec(result, options.name, warmup, version_policy_for(state))
     text = render(spec, options.template_dir)
-    config = parse(text, f"config.pbtxt rendered from {spec.template}.pbtxt.j2")
-    config_rules.check(config, config_rules.facts_for(artifact, options.name), f"config.pbtxt of {options.name!r}")
-    return canonical(config), extra
+    source = _template_source(spec.template, options.template_dir)
+    config = parse(text, f"config.pbtxt rendered from {source}", options.template_dir)
+    facts = config_rules.facts_for(artifact, options.name, state.versions_after,
+                                   {name.split("/", 1)[1]: len(data) for name, data in files.items() if name.startswith("warmup/")})
+    config_rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
+    return canonical(config), files, spec
 
 
-def _check_same_platform(model_dir: Path, wanted: str, name: str) -> None:
-    config_path = model_dir / "config.pbtxt"
-    if not config_path.exists():
+def _template_source(stem: str, template_dir: Path | None) -> str:
+    name = f"{stem}{TEMPLATE_SUFFIX}"
+    if template_dir is not None and (template_dir / name).is_file():
+        return str(template_dir / name)
+    return name
+
+
+def _check_same_platform(config_text: str, wanted: str, name: str) -> None:
+    try:
+        existing = parse(config_text, f"the existing config.pbtxt of {name!r}")
+    except TemplateError as err:
+        log.warning("%s; it is replaced by the new version's config", err)
         return
-    existing = parse(config_path.read_text(), str(config_path))
     have = existing.platform or existing.backend
     if have and have != wanted:
         raise PublishError(
-            f"model {name!r} is served by {have}; the new version is {wanted}, and one model has one platform. "
-            f"Publish it under another --name, use --overwrite, or restrict --backend to the same backend."
+            f"model {name!r} is served by {have}; the new version is {wanted}, and one model has one platform; nothing was changed. "
+            "Publish it under another --name, replace the model with --overwrite, or restrict --backend to the same backend."
         )
+
+
+def model_files(result: TuneResult) -> dict[str, Path]:
+    """The version directory's files: the model file under the platform's name, companions (same stem) renamed alike."""
+    cand = result.selected_candidate
+    artifact = cand.artifact
+    if artifact is None or artifact.platform is None or not artifact.files:
+        raise PublishError(f"{cand.name} has no artifact files to publish; re-run the export.")
+    directory = Path(artifact.directory)
+    missing = [f for f in artifact.files if not (directory / f).is_file()]
+    if missing:
+        raise PublishError(f"the artifact files {', '.join(missing)} of {cand.name} are gone from {directory}; re-run the export.")
+    main = Path(artifact.files[0])
+    wanted = Path(artifact.platform.model_filename)
+    files = {wanted.name: directory / main}
+    for f in artifact.files[1:]:
+        p = Path(f)
+        renamed = wanted.stem + p.suffix if p.stem == main.stem and p.suffix != main.suffix else f
+        files[renamed] = directory / f
+    return files
 
 
 def publish(result: TuneResult, options: PublishOptions) -> Published:
-    """Publish the selected candidate of `result`."""
+    """Publish the selected candidate of `result`; with `options.report_dir`, also write the Model Analyzer config there."""
     if result.selected is None:
         raise PublishError("the run selected no candidate, so there is nothing to publish.")
-    cand = result.selected_candidate
-    artifact = cand.artifact
-    if artifact is None or not artifact.files:
-        raise PublishError(f"{cand.name} has no artifact files to publish.")
-    missing = [f for f in artifact.files if not (Path(artifact.directory) / f).exists()]
-    if missing:
-        raise PublishError(
-            f"the artifact files {', '.join(missing)} of {cand.name} are gone from {artifact.directory}; re-run the export."
-        )
-    text, extra = prepare_config(result, options)
-    platform = artifact.platform
-    files = {platform.model_filename if i == 0 else f: Path(artifact.directory) / f for i, f in enumerate(artifact.files)}
-    return publish_model(options.repository, options.name, ModelFiles(text, files, extra), options.version, options.overwrite)
+    files = model_files(result)
+    specs: list[ConfigSpec] = []
+
+    def build(state: RepositoryState) -> ModelFiles:
+        text, extra, spec = render_config(result, options, state)
+        specs.append(spec)
+        return ModelFiles(text, files, extra)
+
+    published = publish_model(options.repository, options.name, build, options.version, options.overwrite)
+    spec = specs[-1]
+    published.config = spec.to_json()
+    if options.report_dir is not None:
+        from optimizer.triton.model_analyzer import write_model_analyzer_config
+
+        path = write_model_analyzer_config(options.report_dir, published, result, spec)
+        published.model_analyzer_config = str(path)
+    return published
+
+
+def republish(report: Path, repository: Path | None = None, name: str | None = None, version: int | None = None,
+              overwrite: bool | None = None, template_dir: Path | None = None, warmup: bool | None = None) -> Published:
+    """`aitune-export publish REPORT.json`: re-emit the repository of a finished run without re-tuning.
+
+    Options left None come from the run's settings; the artifacts the report names must still exist.
+    """
+    from optimizer.report.json_report import read_report
+
+    result, settings, _ = read_report(report)
+    if result.selected is None:
+        raise PublishError(f"the run in {report} selected no candidate, so there is nothing to publish; see its candidates' reasons.")
+    templates = template_dir or (Path(settings.template_dir) if settings.template_dir else None)
+    options = PublishOptions(
+        repository=repository or Path(settings.repository),
+        name=name or settings.name or result.model_name,
+        version=version,
+        overwrite=bool(overwrite),
+        warmup=settings.warmup if warmup is None else warmup,
+        template_dir=templates,
+        report_dir=report.parent,
+    )
+    check_options(options)
+    return publish(result, options)

@@ -1,0 +1,477 @@
+"""config.pbtxt from records: golden configs per platform, what the config says, every rule broken once, templates.
+
+Everything here builds TuneResult/Artifact records directly (tests/triton_records.py): no tuning, no model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from optimizer.errors import ConfigRuleError, PublishError, TemplateError
+from optimizer.triton import config_rules
+from optimizer.triton.config_rules import RULES, ArtifactFacts, violations
+from optimizer.triton.model_config import (
+    MAX_QUEUE_DELAY_US,
+    MIN_QUEUE_DELAY_US,
+    batching_plan,
+    build_spec,
+    canonical,
+    packaged_template_dir,
+    parse,
+    render,
+)
+from optimizer.triton.publish import PublishOptions, render_config, version_policy_for
+from optimizer.triton.repository import RepositoryState
+from tests.conftest import ROOT
+from tests.triton_records import decision, make_result, profile, tensor
+
+GOLDEN = Path(__file__).parent / "golden"
+PLATFORMS = ("onnxruntime_onnx", "pytorch_libtorch", "torch_aoti", "tensorrt_plan", "openvino")
+
+# What each platform's artifact says about itself (what its backend's triton_settings would return).
+SETTINGS: dict[str, dict[str, Any]] = {
+    "onnxruntime_onnx": {"parameters": {"intra_op_thread_count": 2, "inter_op_thread_count": 1, "execution_mode": 0}, "graph_level": 1},
+    "pytorch_libtorch": {"parameters": {"INFERENCE_MODE": True, "DISABLE_OPTIMIZED_EXECUTION": False, "INTRA_OP_THREAD_COUNT": 2}},
+    "torch_aoti": {"parameters": {"INFERENCE_MODE": True}},
+    "tensorrt_plan": {"cuda_graphs": True, "profiles": ["0"], "parameters": {"execution_context_allocation_strategy": "ON_PROFILE_CHANGE"}},
+    "openvino": {"parameters": {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": 2}},
+}
+AOTI_IO = {"inputs": (tensor("INPUT__0", "float32", "3x8x8"),), "outputs": (tensor("OUTPUT__0", "float32", "10"),)}
+
+
+def golden_result(tmp: Path, platform: str, **kw: Any):
+    device = "cuda:0" if platform == "tensorrt_plan" else "cpu"
+    metadata = {"engine_max_batch": 16, "engine_profile_count": 1} if platform == "tensorrt_plan" else {}
+    io = AOTI_IO if platform == "torch_aoti" else {}
+    return make_result(tmp, platform, triton_settings=SETTINGS[platform], device=device, metadata=metadata, **{**io, **kw})
+
+
+def state(name: str = "m", versions: tuple[int, ...] = (), version: int = 1, overwrite: bool = False) -> RepositoryState:
+    return RepositoryState(name, bool(versions), versions, version, overwrite, None)
+
+
+def config_of(tmp: Path, platform: str, warmup: bool = False, **kw: Any):
+    result = golden_result(tmp, platform, **kw)
+    text, files, spec = render_config(result, PublishOptions(tmp / "repo", "m", warmup=warmup), state())
+    return parse(text), text, files, spec, result
+
+
+# -- golden configs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_golden_config_per_platform(tmp_path: Path, platform: str):
+    config, text, files, spec, result = config_of(tmp_path, platform, warmup=True)
+    golden = GOLDEN / f"{platform}.pbtxt"
+    if os.environ.get("AITUNE_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"rendered config differs from {golden} (AITUNE_UPDATE_GOLDEN=1 rewrites it after review)"
+    assert canonical(parse(text)) == text  # canonical form is a fixed point
+    facts = config_rules.facts_for(result.selected_candidate.artifact, "m", (1,), {k.split("/", 1)[1]: len(v) for k, v in files.items()})
+    assert violations(config, facts) == []
+    # what the config says
+    assert config.name == "m" and config.max_batch_size == 8
+    assert (config.platform or config.backend) == ("openvino" if platform == "openvino" else platform)
+    assert [list(t.dims) for t in config.input] == [[3, 8, 8]] and [list(t.dims) for t in config.output] == [[10]]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 800  # p50 1.6 ms at knee 4, halved
+    group = config.instance_group[0]
+    if platform == "tensorrt_plan":
+        assert (group.kind, list(group.gpus), list(group.profile)) == (1, [0], ["0"])  # KIND_GPU on the tuned GPU, engine profile 0
+        assert config.optimization.cuda.graphs
+    else:
+        assert (group.kind, list(group.gpus), group.count) == (2, [], 1)  # KIND_CPU, one instance using every core
+    assert [(w.batch_size, list(w.inputs["image" if platform != "torch_aoti" else "INPUT__0"].dims)) for w in config.model_warmup] == [
+        (1, [3, 8, 8]), (8, [3, 8, 8])]
+    assert set(files) == {f"warmup/{config.input[0].name}.data"} and len(next(iter(files.values()))) == 3 * 8 * 8 * 4
+    assert spec.batching.explanation.startswith("p50 at knee batch 4 = 1.600 ms")
+
+
+def test_onnxruntime_threads_graph_level_and_typed_parameters(tmp_path: Path):
+    config, *_ = config_of(tmp_path, "onnxruntime_onnx")
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params == {"intra_op_thread_count": "2", "inter_op_thread_count": "1", "execution_mode": "0"}
+    assert config.optimization.graph.level == 1  # Triton's ORT spelling of "extended"
+
+
+def test_onnxruntime_tensorrt_accelerator_has_precision_workspace_and_profiles(tmp_path: Path):
+    settings = {"graph_level": None, "tensorrt_accelerator": {"precision": "fp16", "max_workspace_size_bytes": 1 << 30}}
+    result = make_result(tmp_path, "onnxruntime_onnx", device="cuda:1", triton_settings=settings,
+                         inputs=(tensor("input_ids", "int64", "1-128"),), outputs=(tensor("output__0", "float32", "1-128x16"),))
+    config = parse(render_config(result, PublishOptions(tmp_path / "r", "m"), state())[0])
+    acc = config.optimization.execution_accelerators.gpu_execution_accelerator[0]
+    assert acc.name == "tensorrt"
+    assert dict(acc.parameters) == {
+        "precision_mode": "FP16", "max_workspace_size_bytes": str(1 << 30),
+        "trt_profile_min_shapes": "input_ids:1x1", "trt_profile_opt_shapes": "input_ids:8x128", "trt_profile_max_shapes": "input_ids:8x128"}
+    assert (config.instance_group[0].kind, list(config.instance_group[0].gpus)) == (1, [1])  # KIND_GPU on cuda:1
+    assert not config.optimization.HasField("graph")
+
+
+def test_dims_omit_batch_vary_only_where_the_signature_varies_and_scalars_reshape(tmp_path: Path):
+    result = make_result(tmp_path, "onnxruntime_onnx", inputs=(tensor("ids", "int64", "1-128"), tensor("mask", "bool", "128")),
+                         outputs=(tensor("logits", "float32", "1-128x5"), tensor("score", "float32", "")))
+    config = parse(render_config(result, PublishOptions(tmp_path / "r", "m"), state())[0])
+    assert [list(t.dims) for t in config.input] == [[-1], [128]]
+    assert [list(t.dims) for t in config.output] == [[-1, 5], [1]]
+    assert config.output[1].HasField("reshape") and list(config.output[1].reshape.shape) == []
+    assert not config.output[0].HasField("reshape")
+
+
+def test_non_batching_model_says_max_batch_size_0_and_has_no_batcher(tmp_path: Path):
+    result = make_result(tmp_path, "pytorch_libtorch", batching=False)
+    text, _, spec = render_config(result, PublishOptions(tmp_path / "r", "m", warmup=True), state())
+    config = parse(text)
+    assert "max_batch_size: 0\n" in text and text.index("max_batch_size") < text.index("input {")
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert [w.batch_size for w in config.model_warmup] == [1]
+    assert not spec.batching.enabled and "does not batch" in spec.batching.explanation
+
+
+def test_scalar_tensor_without_batching_is_refused_with_tritons_words(tmp_path: Path):
+    result = make_result(tmp_path, "onnxruntime_onnx", batching=False, outputs=(tensor("y", "float32", ""),))
+    with pytest.raises(PublishError, match="scalar tensors are not supported"):
+        build_spec(result, "m")
+
+
+# -- dynamic batching: the formula's inputs and result -----------------------------------------------
+
+
+def test_queue_delay_is_half_the_knee_p50():
+    plan = batching_plan(decision(8, 4, [profile(1, 1.0), profile(4, 1.6), profile(8, 3.0)]), 8, None, 95)
+    assert (plan.knee, plan.knee_p50_ms, plan.half_knee_p50_us, plan.clamped_us, plan.max_queue_delay_microseconds) == (4, 1.6, 800, 800, 800)
+    assert plan.preferred_batch_size == [4, 8] and plan.budget_room_us is None
+
+
+@pytest.mark.parametrize("p50_ms, expected", [(0.05, MIN_QUEUE_DELAY_US), (400.0, MAX_QUEUE_DELAY_US)])
+def test_queue_delay_is_clamped(p50_ms: float, expected: int):
+    plan = batching_plan(decision(2, 2, [profile(1, p50_ms), profile(2, p50_ms)]), 2, None, 95)
+    assert plan.max_queue_delay_microseconds == expected and plan.clamped_us == expected
+
+
+def test_latency_budget_caps_the_delay_at_what_the_max_batch_leaves():
+    profiles = [profile(1, 1.0), profile(4, 1.6), profile(8, 3.0)]  # p95 = 1.2 x p50 -> 3.6 ms at batch 8
+    plan = batching_plan(decision(8, 4, profiles), 8, 4.0, 95)
+    assert plan.max_batch_latency_at == 8 and plan.budget_room_us == 400 and plan.max_queue_delay_microseconds == 400
+    assert "budget 4 ms - p95 at batch 8 (3.600 ms) = 400 us -> 400 us" in plan.explanation
+    tight = batching_plan(decision(8, 4, profiles), 8, 3.0, 95)
+    assert tight.budget_room_us < 0 and tight.max_queue_delay_microseconds == 0
+
+
+def test_max_batch_1_has_no_dynamic_batching(tmp_path: Path):
+    plan = batching_plan(decision(1, 1, [profile(1, 1.0)]), 1, None, 95)
+    assert not plan.enabled and plan.preferred_batch_size == []
+    result = make_result(tmp_path, max_batch=1, knee=1)
+    config = parse(render_config(result, PublishOptions(tmp_path / "r", "m"), state())[0])
+    assert not config.HasField("dynamic_batching") and config.max_batch_size == 1
+
+
+def test_version_policy_serves_the_version_just_published():
+    assert version_policy_for(state()) is None
+    assert version_policy_for(state(versions=(1,), version=2)) == {"latest": 1}
+    assert version_policy_for(state(versions=(1, 3), version=2)) == {"specific": [2]}
+    assert version_policy_for(state(versions=(1, 2), version=3, overwrite=True)) is None
+
+
+# -- every rule, broken once ---------------------------------------------------------------------------
+
+OK_FACTS = ArtifactFacts(directory_name="m", versions=(1,))
+
+
+def _io(c, kind="input"):
+    return getattr(c, kind)[0]
+
+
+def _warm(c, **fields):
+    w = c.model_warmup.add(name="w", batch_size=fields.pop("batch", 1))
+    value = w.inputs["image"]
+    value.data_type = fields.pop("data_type", 11)
+    value.dims.extend(fields.pop("dims", [3, 8, 8]))
+    if fields.pop("data", True):
+        value.input_data_file = "image.data"
+    return w
+
+
+def _facts(**kw):
+    return ArtifactFacts(**{"directory_name": "m", "versions": (1,), **kw})
+
+
+# (rule, id, platform, mutate config, facts, expected words)
+CASES: list[tuple[str, str, str, Callable[[Any], Any] | None, ArtifactFacts, str]] = [
+    ("name", "empty", "onnxruntime_onnx", lambda c: c.ClearField("name"), OK_FACTS, "model configuration must specify 'name'"),
+    ("name", "directory", "onnxruntime_onnx", lambda c: setattr(c, "name", "other"), OK_FACTS,
+     "unexpected directory name 'm' for model 'other', directory name must equal model name"),
+    ("platform_backend", "none", "onnxruntime_onnx", lambda c: c.ClearField("platform"), OK_FACTS, "must specify 'platform' or 'backend' for 'm'"),
+    ("platform_backend", "unknown", "onnxruntime_onnx", lambda c: setattr(c, "platform", "onnx"), OK_FACTS, "unexpected platform type 'onnx' for m"),
+    ("platform_backend", "openvino", "openvino", lambda c: (c.ClearField("backend"), setattr(c, "platform", "openvino")), OK_FACTS,
+     "unexpected platform type 'openvino' for m"),
+    ("platform_backend", "pair", "onnxruntime_onnx", lambda c: setattr(c, "backend", "pytorch"), OK_FACTS,
+     "unexpected 'platform' and 'backend' pair, got:onnxruntime_onnx, pytorch"),
+    ("max_batch_size", "negative", "onnxruntime_onnx", lambda c: (setattr(c, "max_batch_size", -1), c.ClearField("dynamic_batching")), OK_FACTS,
+     "'max_batch_size' must be non-negative value for m"),
+    ("version_policy", "specific", "onnxruntime_onnx", lambda c: c.version_policy.specific.versions.append(7), OK_FACTS,
+     "at least one version must be available under the version policy of model 'm'"),
+    ("dynamic_batching", "preferred_zero", "onnxruntime_onnx", lambda c: c.dynamic_batching.preferred_batch_size.append(0), OK_FACTS,
+     "dynamic batching preferred size must be positive for m"),
+    ("dynamic_batching", "preferred_above_max", "onnxruntime_onnx", lambda c: c.dynamic_batching.preferred_batch_size.append(16), OK_FACTS,
+     "dynamic batching preferred size must be <= max batch size for m"),
+    ("dynamic_batching", "default_priority", "onnxruntime_onnx",
+     lambda c: (setattr(c.dynamic_batching, "priority_levels", 2), setattr(c.dynamic_batching, "default_priority_level", 3)), OK_FACTS,
+     "default priority level must be in range [1, 2] for m"),
+    ("dynamic_batching", "queue_policy_level", "onnxruntime_onnx",
+     lambda c: (setattr(c.dynamic_batching, "priority_levels", 2), setattr(c.dynamic_batching, "default_priority_level", 1),
+                c.dynamic_batching.priority_queue_policy[5].CopyFrom(c.dynamic_batching.default_queue_policy)), OK_FACTS,
+     "priority queue policy must have priority level in range [1, 2] for m"),
+    ("dynamic_batching", "ordering_levels", "onnxruntime_onnx",
+     lambda c: (setattr(c.dynamic_batching, "preserve_ordering", True), setattr(c.dynamic_batching, "priority_levels", 2),
+                setattr(c.dynamic_batching, "default_priority_level", 1)), OK_FACTS,
+     "Only one priority level is allowed when 'preserve_ordering' is true for m"),
+    ("dynamic_batching", "ordering_delay", "onnxruntime_onnx",
+     lambda c: (setattr(c.dynamic_batching, "preserve_ordering", True), setattr(c.dynamic_batching.default_queue_policy, "timeout_action", 1),
+                setattr(c.dynamic_batching.default_queue_policy, "default_timeout_microseconds", 100)), OK_FACTS,
+     "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m"),
+    ("io", "no_name", "onnxruntime_onnx", lambda c: _io(c).ClearField("name"), _facts(onnx_inputs=None), "model input must specify 'name' for m"),
+    ("io", "no_data_type", "onnxruntime_onnx", lambda c: _io(c).ClearField("data_type"), OK_FACTS, "model input 'image' must specify 'data_type' for m"),
+    ("io", "no_dims", "onnxruntime_onnx", lambda c: _io(c).ClearField("dims"), OK_FACTS, "model input 'image' must specify 'dims' for m"),
+    ("io", "empty_reshape_no_batching", "onnxruntime_onnx",
+     lambda c: (setattr(c, "max_batch_size", 0), c.ClearField("dynamic_batching"), c.output[0].reshape.SetInParent()), OK_FACTS,
+     "model output 'output__0' cannot have empty reshape for non-batching model as scalar tensors are not supported for m"),
+    ("io", "zero_dim", "onnxruntime_onnx", lambda c: _io(c).dims.__setitem__(0, 0), OK_FACTS,
+     "model input 'image' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+    ("io", "zero_reshape", "onnxruntime_onnx", lambda c: _io(c).reshape.shape.extend([0, 8, 8]), OK_FACTS,
+     "model input 'image' reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+    ("io", "reshape_size", "onnxruntime_onnx", lambda c: _io(c).reshape.shape.extend([3, 8]), OK_FACTS,
+     "model input 'image' has different size for dims and reshape for m"),
+    ("io", "reshape_wildcards", "onnxruntime_onnx", lambda c: (_io(c).dims.__setitem__(0, -1), _io(c).reshape.shape.extend([-1, 8, -1])),
+     OK_FACTS, "model input 'image' has different number of variable-size dimensions for dims and reshape for m"),
+    ("io", "reshape_trunks", "onnxruntime_onnx", lambda c: (_io(c).dims.__setitem__(0, -1), _io(c).reshape.shape.extend([-1, 4, 8])),
+     OK_FACTS, "model input 'image' has different size for dims and reshape for m"),
+    ("io", "format_dims", "onnxruntime_onnx", lambda c: (setattr(_io(c), "format", 1), _io(c).dims.pop()), OK_FACTS,
+     "model input NHWC/NCHW require 3 dims for m"),
+    ("io", "shape_tensor", "onnxruntime_onnx", lambda c: setattr(_io(c), "is_shape_tensor", True), OK_FACTS,
+     "shape tensors are only supported for TensorRT platform for m"),
+    ("io", "non_linear", "onnxruntime_onnx", lambda c: setattr(_io(c), "is_non_linear_format_io", True), OK_FACTS,
+     "Non-linear IO format is only supported for the TensorRT platform for m"),
+    ("instance_group", "cpu_gpus", "onnxruntime_onnx", lambda c: c.instance_group[0].gpus.append(0), OK_FACTS,
+     "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs"),
+    ("instance_group", "model_gpus", "onnxruntime_onnx", lambda c: (setattr(c.instance_group[0], "kind", 3), c.instance_group[0].gpus.append(0)),
+     OK_FACTS, "instance group m_0 of model m has kind KIND_MODEL but specifies one or more GPUs"),
+    ("instance_group", "profile_not_trt", "onnxruntime_onnx", lambda c: c.instance_group[0].profile.append("0"), OK_FACTS,
+     "instance group m_0 of model m and platform onnxruntime_onnxspecifies profile field which is only supported for TensorRT models"),
+    ("instance_group", "profile_word", "tensorrt_plan", lambda c: c.instance_group[0].profile.__setitem__(0, "first"), OK_FACTS,
+     "unable to parse 'first': stoi"),
+    ("instance_group", "profile_negative", "tensorrt_plan", lambda c: c.instance_group[0].profile.__setitem__(0, "-1"), OK_FACTS,
+     "instance group m_0 of model m and platform tensorrt_plan specifies invalid profile -1. The field should contain the string "
+     "representation of a non-negative integer."),
+    ("instance_group", "profile_out_of_engine", "tensorrt_plan", lambda c: c.instance_group[0].profile.__setitem__(0, "1"),
+     _facts(engine_profile_count=1), "instance group m_0 of model m selects optimization profile 1 but the engine has 1 profile(s)"),
+    ("instance_group", "trt_on_cpu", "tensorrt_plan", lambda c: (setattr(c.instance_group[0], "kind", 2), c.instance_group[0].ClearField("gpus")),
+     OK_FACTS, "instance group m_0 of model m has kind KIND_CPU, but a TensorRT engine runs on a GPU only"),
+    ("warmup", "batch_above_max", "onnxruntime_onnx", lambda c: _warm(c, batch=16), OK_FACTS,
+     "warmup 'w' runs batch 16 but max_batch_size is 8: the backend fails the load with \"batch size 16 for 'm', max allowed is 8\""),
+    ("warmup", "missing_input", "onnxruntime_onnx", lambda c: c.model_warmup.add(name="w", batch_size=1), OK_FACTS,
+     "expected 1 inputs but got 0 inputs for model 'm'"),
+    ("warmup", "variable_dims", "onnxruntime_onnx", lambda c: _warm(c, dims=[3, -1, 8]), OK_FACTS,
+     "warmup setting expects all variable-size dimensions are specified for input 'image'"),
+    ("warmup", "no_data", "onnxruntime_onnx", lambda c: _warm(c, data=False), OK_FACTS,
+     "warmup setting expects input 'image' to have input_data_type set"),
+    ("warmup", "shape", "onnxruntime_onnx", lambda c: _warm(c, dims=[3, 4, 4]), _facts(warmup_files={"image.data": 192}),
+     "unexpected shape for input 'image' for model 'm'. Expected [-1,3,8,8], got [1,3,4,4]"),
+    ("warmup", "dtype", "onnxruntime_onnx", lambda c: _warm(c, data_type=10), _facts(warmup_files={"image.data": 4096}),
+     "inference input 'image' data-type is 'FP16', but model 'm' expects 'FP32'"),
+    ("warmup", "unknown_input", "onnxruntime_onnx", lambda c: (_warm(c), c.model_warmup[0].inputs["other"].CopyFrom(c.model_warmup[0].inputs["image"])),
+     _facts(warmup_files={"image.data": 768}), "warmup 'w' feeds 'other', which is not an input of model 'm'"),
+    ("warmup", "file_missing", "onnxruntime_onnx", lambda c: _warm(c), _facts(warmup_files={}),
+     "warmup data file 'image.data' is not in m/warmup/"),
+    ("warmup", "file_short", "onnxruntime_onnx", lambda c: _warm(c), _facts(warmup_files={"image.data": 100}),
+     "warmup setting expects 768 bytes, but the data provided from image.dataonly has 100 bytes"),
+    ("parameters", "bool", "pytorch_libtorch", lambda c: c.parameters["INFERENCE_MODE"].__setattr__("string_value", "True!"), OK_FACTS,
+     "failed to convert INFERENCE_MODE 'True!' to boolean value"),
+    ("parameters", "int", "onnxruntime_onnx", lambda c: c.parameters["intra_op_thread_count"].__setattr__("string_value", "all"), OK_FACTS,
+     "failed to convert intra_op_thread_count 'all' to integral number"),
+    ("parameters", "choice", "tensorrt_plan", lambda c: c.parameters["execution_context_allocation_strategy"].__setattr__("string_value", "LAZY"),
+     OK_FACTS, "parameter execution_context_allocation_strategy is 'LAZY'; the tensorrt backend accepts STATIC, ON_PROFILE_CHANGE, USER_MANAGED"),
+    ("optimization", "accelerator", "onnxruntime_onnx",
+     lambda c: c.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt_llm"), OK_FACTS,
+     "unknown Execution Accelerator 'tensorrt_llm' is requested"),
+    ("optimization", "precision", "onnxruntime_onnx",
+     lambda c: c.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt").parameters.__setitem__("precision_mode", "BF16"),
+     OK_FACTS, "unsupported precision mode 'BF16' is requested"),
+    ("optimization", "workspace", "onnxruntime_onnx",
+     lambda c: c.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt").parameters.__setitem__(
+         "max_workspace_size_bytes", "1GiB"), OK_FACTS, "failed to convert '1GiB' to unsigned long long integral number"),
+    ("onnx_io", "input_name", "onnxruntime_onnx", lambda c: setattr(_io(c), "name", "x"),
+     _facts(onnx_inputs={"image": [-1, 3, 8, 8]}), "unexpected inference input 'x', allowed inputs are: image"),
+    ("onnx_io", "output_name", "onnxruntime_onnx", lambda c: setattr(_io(c, "output"), "name", "logits"),
+     _facts(onnx_outputs={"output__0": [-1, 10]}), "unexpected inference output 'logits', allowed outputs are: output__0"),
+    ("onnx_io", "fixed_batch", "onnxruntime_onnx", None, _facts(onnx_inputs={"image": [1, 3, 8, 8]}),
+     "model 'm', tensor 'image': for the model to support batching the shape should have at least 1 dimension and the first dimension "
+     "must be -1; but shape expected by the model is [1,3,8,8]"),
+    ("onnx_io", "rank", "onnxruntime_onnx", None, _facts(onnx_inputs={"image": [-1, 192]}),
+     "model 'm', tensor 'image': the model expects 2 dimensions (shape [-1,192]) but the model configuration specifies 4 dimensions (an "
+     "initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, making complete shape [-1,3,8,8])"),
+    ("onnx_io", "dims_no_batching", "onnxruntime_onnx", lambda c: (setattr(c, "max_batch_size", 0), c.ClearField("dynamic_batching")),
+     _facts(onnx_inputs={"image": [-1, 3, 8, 8]}), "model 'm', tensor 'image': the model expects 4 dimensions (shape [-1,3,8,8]) but the "
+     "model configuration specifies 3 dimensions (shape [3,8,8])"),
+    ("libtorch_names", "output", "pytorch_libtorch", lambda c: setattr(_io(c, "output"), "name", "logits"), OK_FACTS,
+     "output 'logits' does not follow naming convention i.e. <name>__<index>."),
+    ("torch_aoti_names", "input", "torch_aoti", lambda c: setattr(_io(c), "name", "image"), OK_FACTS,
+     "input 'image' is not addressable in a torch_aoti model: the PyTorch backend names inputs INPUT__<index>, ARGS[<i>] or KWARGS[<name>]"),
+    ("torch_aoti_names", "output", "torch_aoti", lambda c: setattr(_io(c, "output"), "name", "output__0"), OK_FACTS,
+     "output 'output__0' is not addressable in a torch_aoti model: the PyTorch backend names outputs OUTPUT__<index> or RESULT[...]"),
+    ("tensorrt_engine", "max_batch", "tensorrt_plan", None, _facts(engine_max_batch=4),
+     "configuration specified max-batch 8 but TensorRT engine only supports max-batch 4"),
+]
+
+
+@pytest.fixture(scope="module")
+def base_configs(tmp_path_factory) -> dict[str, Any]:
+    out = {}
+    for platform in PLATFORMS:
+        config, *_ = config_of(tmp_path_factory.mktemp(platform), platform)
+        out[platform] = config
+    return out
+
+
+@pytest.mark.parametrize("rule, case, platform, mutate, facts, words", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_each_rule_rejects_its_violation_in_tritons_words(base_configs, rule, case, platform, mutate, facts, words):
+    config = type(base_configs[platform])()
+    config.CopyFrom(base_configs[platform])
+    assert violations(config, OK_FACTS) == []  # the unbroken config passes every rule
+    if mutate is not None:  # else the artifact (facts) breaks the rule, not the config
+        assert violations(config, facts) == []
+        mutate(config)
+    found = violations(config, facts)
+    assert [(v.rule, v.message) for v in found] == [(rule, words)]
+    with pytest.raises(ConfigRuleError) as err:
+        config_rules.check(config, facts, "config.pbtxt of 'm'")
+    message = str(err.value)
+    assert f'"{words}"' in message and "\n" not in message and f"rejected by {found[0].source}" in message
+
+
+def test_every_rule_has_a_breaking_case():
+    assert {c[0] for c in CASES} == set(RULES)
+
+
+def test_rule_error_stops_publishing_before_anything_is_written(tmp_path: Path):
+    result = make_result(tmp_path, "tensorrt_plan", device="cuda:0", metadata={"engine_max_batch": 4})
+    with pytest.raises(ConfigRuleError, match="TensorRT engine only supports max-batch 4"):
+        render_config(result, PublishOptions(tmp_path / "repo", "m"), state())
+    assert not (tmp_path / "repo").exists()
+
+
+def test_onnx_facts_come_from_the_graph(tmp_path: Path):
+    result = make_result(tmp_path, "onnxruntime_onnx", inputs=(tensor("ids", "int64", "1-128"),))
+    facts = config_rules.facts_for(result.selected_candidate.artifact, "m")
+    assert dict(facts.onnx_inputs) == {"ids": [-1, -1]} and dict(facts.onnx_outputs) == {"output__0": [-1, 10]}
+
+
+# -- templates ---------------------------------------------------------------------------------------
+
+
+def _spec(tmp: Path, platform: str = "onnxruntime_onnx"):
+    return build_spec(golden_result(tmp, platform), "m")
+
+
+def test_user_template_with_an_unknown_field_is_rejected_with_line_and_column(tmp_path: Path):
+    user = tmp_path / "templates"
+    user.mkdir()
+    body = (packaged_template_dir() / "onnxruntime_onnx.pbtxt.j2").read_text()
+    (user / "onnxruntime_onnx.pbtxt.j2").write_text(body.replace('{% include "partials/batching.pbtxt.j2" %}',
+                                                                 '{% include "partials/batching.pbtxt.j2" %}\nmax_batch_sise: 4'))
+    result = golden_result(tmp_path, "onnxruntime_onnx")
+    with pytest.raises(TemplateError) as err:
+        render_config(result, PublishOptions(tmp_path / "repo", "m", template_dir=user), state())
+    text = render(build_spec(result, "m"), user)
+    line = text.splitlines().index("max_batch_sise: 4") + 1
+    message = str(err.value)
+    assert f"at line {line}, column 1" in message and 'no field named "max_batch_sise"' in message
+    assert f"{user / 'onnxruntime_onnx.pbtxt.j2'}:" in message and "\n" not in message
+    assert not (tmp_path / "repo").exists()
+
+
+def test_user_partial_overrides_the_packaged_one(tmp_path: Path):
+    user = tmp_path / "templates" / "partials"
+    user.mkdir(parents=True)
+    (user / "instance_group.pbtxt.j2").write_text("instance_group { count: 3 kind: {{ instance_group.kind }} }\n")
+    text = render(_spec(tmp_path), tmp_path / "templates")
+    assert parse(text).instance_group[0].count == 3
+
+
+def test_template_syntax_error_names_file_and_line(tmp_path: Path):
+    user = tmp_path / "templates"
+    user.mkdir()
+    (user / "onnxruntime_onnx.pbtxt.j2").write_text('name: {{ name | q }}\n{% if platform %}\nplatform: "x"\n')
+    with pytest.raises(TemplateError, match=r"onnxruntime_onnx\.pbtxt\.j2:\d+ failed to render"):
+        render(_spec(tmp_path), user)
+
+
+def test_template_using_an_unknown_variable_names_file_and_line(tmp_path: Path):
+    user = tmp_path / "templates"
+    user.mkdir()
+    (user / "onnxruntime_onnx.pbtxt.j2").write_text('name: {{ name | q }}\nmax_batch_size: {{ max_batch }}\n')
+    with pytest.raises(TemplateError, match=r"onnxruntime_onnx\.pbtxt\.j2:2 failed to render: 'max_batch' is undefined"):
+        render(_spec(tmp_path), user)
+
+
+def test_template_dir_that_does_not_exist_is_a_usage_error(tmp_path: Path):
+    with pytest.raises(TemplateError, match="is not a directory"):
+        render(_spec(tmp_path), tmp_path / "nope")
+
+
+def test_parameter_values_are_escaped_for_text_proto(tmp_path: Path):
+    result = make_result(tmp_path, "pytorch_libtorch", triton_settings={"parameters": {"PATH_LIKE": 'a "quoted"\\path'}})
+    config = parse(render(build_spec(result, "m")))
+    assert config.parameters["PATH_LIKE"].string_value == 'a "quoted"\\path'
+
+
+@pytest.mark.slow
+def test_templates_ship_inside_the_built_wheel(tmp_path: Path):
+    """Build the wheel, import the package from it (not from the editable install) and render every platform."""
+    src = tmp_path / "src"  # build from a copy: setuptools writes build/ and egg-info next to the sources
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                                                             "aitune-reports", "model_repository", ".hypothesis"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("aitune_export-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n for n in names if n.startswith("optimizer/model_repository_templates/") and n.endswith(".j2")}
+    expected = {p.relative_to(ROOT / "model_repository_templates").as_posix() for p in (ROOT / "model_repository_templates").rglob("*.j2")}
+    assert shipped == {f"optimizer/model_repository_templates/{e}" for e in expected}
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import optimizer, sys\n"
+        "from pathlib import Path\n"
+        f"assert Path(optimizer.__file__).is_relative_to({str(site)!r}), optimizer.__file__\n"
+        "from optimizer.triton.model_config import packaged_template_dir, render, parse\n"
+        f"assert packaged_template_dir().is_relative_to({str(site)!r})\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from tests.triton_records import make_result\n"
+        "from optimizer.triton.model_config import build_spec\n"
+        "import tempfile\n"
+        f"for p in {PLATFORMS!r}:\n"
+        "    parse(render(build_spec(make_result(Path(tempfile.mkdtemp()), p), 'm')))\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(site))
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("policy, field", [({"latest": 1}, "latest"), ({"specific": [2, 3]}, "specific"), ({"all": {}}, "all")])
+def test_every_version_policy_renders(tmp_path: Path, policy: dict, field: str):
+    result = golden_result(tmp_path, "onnxruntime_onnx")
+    config = parse(render(build_spec(result, "m", version_policy=policy)))
+    assert config.version_policy.WhichOneof("policy_choice") == field
+    if field == "specific":
+        assert list(config.version_policy.specific.versions) == [2, 3]
