@@ -86,6 +86,12 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
     return canonical(config), files, spec
 
 
+def prepare_config(result: TuneResult, options: PublishOptions) -> tuple[str, dict[str, bytes], ConfigSpec]:
+    """The config a first publish of `result` would write (a new model, version 1), without writing anything."""
+    state = RepositoryState(options.name, False, (), options.version or 1, options.overwrite, None)
+    return render_config(result, options, state)
+
+
 def _template_source(stem: str, template_dir: Path | None) -> str:
     name = f"{stem}{TEMPLATE_SUFFIX}"
     if template_dir is not None and (template_dir / name).is_file():
