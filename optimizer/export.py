@@ -154,7 +154,12 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     on_event(Event("publish", "done", result.selected, f"{published.model_dir} version {published.version}"))
     write_report(report_path, result, settings, published)
     on_event(Event("report", "done", message=str(report_path)))
-    return ExportOutcome(result, published, report_path)
+    validation = None
+    if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
+        from optimizer.triton.validate import validate
+
+        validation = validate(Path(settings.repository), name, report_dir=report_dir, on_event=on_event)
+    return ExportOutcome(result, published, report_path, validation)
 
 
 def _load(settings: ExportSettings, module: Any, example_inputs: Any) -> LoadedModel:
