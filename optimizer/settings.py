@@ -54,6 +54,7 @@ class ExportSettings:
     build_timeout_s: float = _opt(900.0, "--build-timeout", "Seconds a candidate may spend building and checking before it is stopped.", metavar="SECONDS", group="Measurement")
     profile_timeout_s: float = _opt(900.0, "--profile-timeout", "Seconds a candidate may spend being measured before it is stopped.", metavar="SECONDS", group="Measurement")
     validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
+    validate_concurrency: str = _opt("1:8", "--validate-concurrency", "perf_analyzer's concurrency sweep for --validate, START:END[:STEP].", metavar="RANGE", group="Validation")
 
     # -- derived values, checked before any work -----------------------------------------------
     def memory_budget_mb(self) -> float | None:

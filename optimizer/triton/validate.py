@@ -110,15 +110,16 @@ class ExportReference:
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
-    """The report.json of the export that published this model: in `hint` (--report), else aitune-reports/*/
-    beside the working directory or the repository, whichever names this model folder as published."""
+    """The report.json of the export that published this model: in `hint` (--report), else the one under
+    aitune-reports/*/ or any */ of the working directory or the repository's parent that names this model
+    folder as published (the export's --report-dir default, or a custom one beside the repository)."""
     if hint is not None and (hint / "report.json").is_file():
         return hint / "report.json"
     model_dir = (target.repository / target.name).resolve()
     seen: set[Path] = set()
     for base in (Path.cwd(), target.repository.parent):
         reports = base / "aitune-reports"
-        ordered = [reports / target.name / "report.json", *sorted(reports.glob("*/report.json"))]
+        ordered = [reports / target.name / "report.json", *sorted(reports.glob("*/report.json")), *sorted(base.glob("*/report.json"))]
         for path in ordered:
             if path in seen or not path.is_file():
                 continue
