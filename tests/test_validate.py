@@ -79,11 +79,11 @@ def test_export_validate_proves_the_onnxruntime_model_in_triton(ort_export, work
 
 @pytest.mark.slow
 def test_validate_the_torchscript_repository_over_grpc(ts_export: Path, work: Path):
-    r = run_cli("validate", str(ts_export), "--protocol", "grpc", "--concurrency", "2", "--json", cwd=work)
+    r = run_cli("validate", str(ts_export), "--protocol", "grpc", "--concurrency", "1", "--json", cwd=work)
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record == _record(work / "rep_ts")  # the export's report folder was found from the repository
-    _assert_validated(record, {2})
+    _assert_validated(record, {1})
     assert record["platform"] == "pytorch_libtorch" and record["perf"]["settings"]["protocol"] == "grpc"
     assert "-i grpc" in " ".join(record["perf"]["command"])
 
