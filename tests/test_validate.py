@@ -163,3 +163,41 @@ def test_backends_says_whether_the_validation_tools_were_found():
     assert tools["perf_analyzer"]["found"], tools["perf_analyzer"]["reason"]
     plain = run_cli("backends")
     assert "tritonserver   found" in plain.stdout and "perf_analyzer  found" in plain.stdout
+
+
+@pytest.mark.slow
+def test_validate_against_a_running_server_with_url(ort_export, work: Path):
+    from optimizer.triton.server import LocalTritonServer
+
+    assert ort_export.returncode == 0, ort_export.stderr
+    with LocalTritonServer(work / "repo_ort") as server:  # stands for a server someone else runs
+        r = run_cli("validate", str(work / "repo_ort"), "--url", server.http_url, "--concurrency", "1",
+                    "--report", str(work / "remote"), cwd=work)
+        assert server.client("http").is_model_ready("cnn")  # validate asked the explicit-mode server to load it
+    assert r.returncode == 0, r.stderr
+    record = _record(work / "remote")
+    assert record["status"] == "passed" and record["server"] == server.http_url
+    assert [a["protocol"] for a in record["answers"]] == ["http"]  # only the protocol of --url is known
+    assert record["stand_in"] and record["perf"]["rows"][0]["throughput"] > 0
+    assert record["export_report"].endswith("rep_ort/report.json")  # found from the repository, though --report is elsewhere
+    assert record["answers"][0]["compared_with"] == "reference" and record["throughput_ratio"] > 0
+
+
+@pytest.mark.slow
+def test_a_model_without_batching_and_without_a_report(tmp_path: Path):
+    config = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input {{ name: "x" data_type: TYPE_FP32 dims: [-1, 3] }}
+output {{ name: "y" data_type: TYPE_FP32 dims: [-1, 3] }}
+instance_group {{ count: 1 kind: KIND_CPU }}
+"""
+    write_double_model(tmp_path / "repo", config=config)
+    r = run_cli("validate", str(tmp_path / "repo" / "double"), "--concurrency", "1", "--json", cwd=tmp_path)  # REPO may be the model folder
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["status"] == "passed" and record["oversize"] is None  # nothing to refuse without a batch axis
+    assert [a["compared_with"] for a in record["answers"]] == ["none", "none"] and all(a["passed"] for a in record["answers"])
+    assert record["predicted_throughput"] is None and record["throughput_ratio"] is None
+    data = json.loads((tmp_path / "aitune-reports" / "double" / "perf_analyzer_input.json").read_text())["data"]  # beside the repository
+    assert data[0]["x"]["shape"] == [1, 3]
