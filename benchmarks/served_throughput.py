@@ -50,6 +50,30 @@ def naive_config(target: ModelTarget, name: str) -> str:
     return canonical(config)
 
 
+def variant_config(target: ModelTarget, name: str, change: str) -> str:
+    """The emitted config with one knob changed (--diagnose): which knob makes it slower or faster than naive?"""
+    config = type(target.config)()
+    config.CopyFrom(target.config)
+    config.name = name
+    if change == "no_queue_delay":
+        config.dynamic_batching.max_queue_delay_microseconds = 0
+    elif change == "no_preferred":
+        del config.dynamic_batching.preferred_batch_size[:]
+    elif change.startswith("max_batch_"):
+        cap = int(change.rsplit("_", 1)[1])
+        config.max_batch_size = min(cap, config.max_batch_size)
+        kept = [b for b in config.dynamic_batching.preferred_batch_size if b <= cap]
+        del config.dynamic_batching.preferred_batch_size[:]
+        config.dynamic_batching.preferred_batch_size.extend(kept)
+    else:
+        raise ValueError(change)
+    return canonical(config)
+
+
+DIAGNOSE = ("no_queue_delay", "no_preferred", "max_batch_2", "max_batch_1")
+"""Variants measured with --diagnose, each one knob away from the emitted config."""
+
+
 def batch_one_rows(feeds: list[Feed]) -> list[Feed]:
     """Every sample as its own batch-1 request (the batch axis kept: the naive model takes it as an ordinary dim)."""
     rows = []
@@ -73,6 +97,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds; medians are compared")
     parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc")
+    parser.add_argument("--diagnose", action="store_true", help=f"also measure the emitted config with one knob changed: {', '.join(DIAGNOSE)}")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -91,19 +116,23 @@ def main() -> int:
         copy_tree(target.repository / target.name, repo / naive)
         (repo / naive / "config.pbtxt").unlink()
         (repo / naive / "config.pbtxt").write_text(naive_config(target, naive))
+        variants = [f"{target.name}_{change}" for change in DIAGNOSE] if args.diagnose else []
+        for change, variant in zip(DIAGNOSE, variants):
+            copy_tree(target.repository / target.name, repo / variant)
+            (repo / variant / "config.pbtxt").unlink()
+            (repo / variant / "config.pbtxt").write_text(variant_config(target, variant, change))
         with LocalTritonServer(repo, log_path=tmp_path / "tritonserver.log") as server:
-            server.load(target.name)
-            server.load(naive)
+            for name in (target.name, naive, *variants):
+                server.load(name)
             served = server.client("http").get_model_config(target.name)
             feeds, _, _ = _reference_data(reference, served)
             rows = batch_one_rows(feeds)
-            data = {
-                target.name: write_input_data(tmp_path / "emitted.json", rows, batching=True),
-                naive: write_input_data(tmp_path / "naive.json", rows, batching=False),
-            }
+            emitted_data = write_input_data(tmp_path / "emitted.json", rows, batching=True)
+            data = {target.name: emitted_data, naive: write_input_data(tmp_path / "naive.json", rows, batching=False),
+                    **{v: emitted_data for v in variants}}
             url = server.grpc_url if args.protocol == "grpc" else server.http_url
-            results: dict[str, list[PerfRow]] = {target.name: [], naive: []}
-            order = [target.name, naive]
+            order = [target.name, naive, *variants]
+            results: dict[str, list[PerfRow]] = {name: [] for name in order}
             for r in range(args.rounds):
                 for name in order if r % 2 == 0 else reversed(order):
                     row = measure(name, url, data[name], tmp_path, args.concurrency, args.protocol)
@@ -117,6 +146,9 @@ def main() -> int:
     dyn = target.config.dynamic_batching
     print(f"emitted: max_batch_size {target.config.max_batch_size}, preferred {list(dyn.preferred_batch_size)}, "
           f"queue delay {dyn.max_queue_delay_microseconds} us, instances {sum(g.count for g in target.config.instance_group) or 'default'}")
+    for variant in variants:
+        value = statistics.median(r.throughput for r in results[variant])
+        print(f"diagnose {variant:<28} {value:8.1f} infer/s = {value / plain if plain else float('nan'):.2f}x naive")
     if ratio < 1.0:
         e, n = results[target.name][-1], results[naive][-1]
         print(f"emitted is slower: per request it waits {e.server_queue_ms or 0:.1f} ms in the queue (naive {n.server_queue_ms or 0:.1f}) "
