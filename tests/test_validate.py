@@ -8,6 +8,7 @@ validated, never as passed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -109,6 +110,7 @@ def test_wrong_dims_fail_with_tritons_message(ort_export, ts_export: Path, work:
         record = _record(out)
         assert record["status"] == "failed" and expected in record["reason"] and record["perf"] is None
         shutil.rmtree(repo)
+        shutil.rmtree(out)  # its copy of report.json would claim the good model for later tests
 
 
 @pytest.mark.parametrize(
@@ -201,3 +203,26 @@ instance_group {{ count: 1 kind: KIND_CPU }}
     assert record["predicted_throughput"] is None and record["throughput_ratio"] is None
     data = json.loads((tmp_path / "aitune-reports" / "double" / "perf_analyzer_input.json").read_text())["data"]  # beside the repository
     assert data[0]["x"]["shape"] == [1, 3]
+
+
+def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from optimizer.triton.validate import find_export_report, resolve_target
+
+    model = write_double_model(tmp_path / "repo")
+    elsewhere = write_double_model(tmp_path / "other_repo")
+
+    def report(folder: Path, model_dir: Path, mtime: int) -> Path:
+        folder.mkdir(parents=True)
+        (folder / "report.json").write_text(json.dumps({"published": {"model_dir": str(model_dir), "version": 1}}))
+        os.utime(folder / "report.json", ns=(mtime, mtime))
+        return folder / "report.json"
+
+    report(tmp_path / "aitune-reports" / "double", elsewhere, 3_000_000_000)  # same name, another repository: not ours
+    old = report(tmp_path / "aitune-reports" / "old", model, 1_000_000_000)
+    new = report(tmp_path / "custom_reports", model, 2_000_000_000)  # a later export with --report-dir custom_reports
+    monkeypatch.chdir(tmp_path / "repo")  # found beside the repository, not only in the working directory
+    target = resolve_target(tmp_path / "repo", None)
+    assert find_export_report(target) == new.resolve()
+    assert find_export_report(target, old.parent) == old.parent / "report.json"  # --report wins
+    new.unlink()
+    assert find_export_report(target) == old.resolve()

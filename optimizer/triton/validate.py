@@ -116,21 +116,17 @@ def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | 
     if hint is not None and (hint / "report.json").is_file():
         return hint / "report.json"
     model_dir = (target.repository / target.name).resolve()
-    seen: set[Path] = set()
+    matches: set[Path] = set()
     for base in (Path.cwd(), target.repository.parent):
-        reports = base / "aitune-reports"
-        ordered = [reports / target.name / "report.json", *sorted(reports.glob("*/report.json")), *sorted(base.glob("*/report.json"))]
-        for path in ordered:
-            if path in seen or not path.is_file():
-                continue
-            seen.add(path)
+        for path in [*base.glob("aitune-reports/*/report.json"), *base.glob("*/report.json")]:
             try:
                 published = json.loads(path.read_text()).get("published") or {}
             except (OSError, ValueError):
                 continue
             if published.get("model_dir") and Path(published["model_dir"]).resolve() == model_dir:
-                return path
-    return None
+                matches.add(path.resolve())
+    # several exports may have published this folder (--overwrite, another --report-dir): the latest one wrote it
+    return max(matches, key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
 
 
 def load_export_reference(report_path: Path) -> ExportReference:
