@@ -190,7 +190,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: if our process dies without stopping the server (SIGKILL,
+    a crash), the kernel sends it SIGTERM. Linux ties this to the starting *thread*: start the server
+    from a thread that outlives it (the main thread, as validate does)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (AttributeError, OSError):

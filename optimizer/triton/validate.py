@@ -334,8 +334,12 @@ def local_servability(target: ModelTarget, home: ServerHome) -> str:
     kinds = {g.kind for g in config.instance_group}
     from tritonclient.grpc import model_config_pb2
 
-    if model_config_pb2.ModelInstanceGroup.KIND_GPU in kinds and not _has_gpu():
-        return "its instance_group is KIND_GPU and this machine has no GPU; validate it on a GPU machine with --url HOST:PORT."
+    if model_config_pb2.ModelInstanceGroup.KIND_GPU in kinds:
+        if not _has_gpu():
+            return "its instance_group is KIND_GPU and this machine has no GPU; validate it on a GPU machine with --url HOST:PORT."
+        if target.backend in home.stand_ins():
+            return (f"its instance_group is KIND_GPU and the local {target.backend} stand-in backend runs on the CPU; "
+                    "validate it against a Triton with the native backend (--url HOST:PORT).")
     if target.backend not in home.native_backends() | home.stand_ins():
         return (f"the local server has no {target.backend!r} backend (neither libtriton_{target.backend}.so nor a stand-in "
                 f"in optimizer/triton/standin_backends/{target.backend}/); validate it against a Triton that has one (--url HOST:PORT).")
