@@ -186,3 +186,23 @@ def test_the_server_home_is_made_once_even_by_racing_processes(tmp_path: Path, m
     (standins / "pytorch").mkdir()
     (standins / "pytorch" / "model.py").write_text("# new\n")
     assert prepare_home(install, tmp_path / "cache").root != home.root  # a changed stand-in gets a new home
+
+
+def test_a_killed_validate_takes_its_server_along(tmp_path: Path):
+    write_double_model(tmp_path / "repo")
+    proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "validate", str(tmp_path / "repo"), "--concurrency", "1:2",
+                             "--report", str(tmp_path / "out")],
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not regions_of(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        proc.kill()  # no chance to clean up: the kernel tells the server (PR_SET_PDEATHSIG) and it stops itself
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while (processes_mentioning(str(tmp_path / "repo")) or regions_of(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(tmp_path / "repo")) == []
+    assert regions_of(proc.pid) == []
