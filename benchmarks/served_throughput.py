@@ -23,12 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from optimizer.model.samples import Feed, load_feeds  # noqa: E402
+from optimizer.model.samples import Feed  # noqa: E402
 from optimizer.triton.model_config import canonical  # noqa: E402
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfRow, PerfSettings, run_perf_analyzer, write_input_data  # noqa: E402
 from optimizer.triton.repository import copy_tree  # noqa: E402
 from optimizer.triton.server import LocalTritonServer  # noqa: E402
-from optimizer.triton.validate import ModelTarget, _reference_data, find_export_report, load_export_reference, resolve_target  # noqa: E402
+from optimizer.triton.validate import ModelTarget, reference_feeds, find_export_report, load_export_reference, resolve_target  # noqa: E402
 
 
 def naive_config(target: ModelTarget, name: str) -> str:
@@ -125,7 +125,7 @@ def main() -> int:
             for name in (target.name, naive, *variants):
                 server.load(name)
             served = server.client("http").get_model_config(target.name)
-            feeds, _, _ = _reference_data(reference, served)
+            feeds, _, _ = reference_feeds(reference, served)
             rows = batch_one_rows(feeds)
             emitted_data = write_input_data(tmp_path / "emitted.json", rows, batching=True)
             data = {target.name: emitted_data, naive: write_input_data(tmp_path / "naive.json", rows, batching=False),

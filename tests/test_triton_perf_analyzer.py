@@ -110,3 +110,13 @@ def test_command_line_settles_on_a_noisy_machine(tmp_path: Path):
     joined = " ".join(cmd)
     assert "--concurrency-range 1:8:1" in joined and "-i grpc" in joined and "--input-data" in joined
     assert int(cmd[cmd.index("-s") + 1]) >= 50  # wide stability tolerance: 10 % never settles on 2 shared cores
+
+
+def test_slow_models_get_longer_windows():
+    from optimizer.triton.validate import MAX_WINDOW_MS, window_for
+
+    settings = PerfSettings()
+    assert window_for(settings, None) == settings.measurement_interval_ms
+    assert window_for(settings, 1.0) == settings.measurement_interval_ms  # never shorter than asked
+    assert window_for(settings, 150.0) == 3000  # about 20 requests per window
+    assert window_for(settings, 5000.0) == MAX_WINDOW_MS

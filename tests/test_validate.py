@@ -226,3 +226,22 @@ def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypa
     assert find_export_report(target, old.parent) == old.parent / "report.json"  # --report wins
     new.unlink()
     assert find_export_report(target) == old.resolve()
+
+
+@pytest.mark.slow
+def test_served_throughput_benchmark_compares_with_a_naive_config(ort_export, work: Path):
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    assert ort_export.returncode == 0, ort_export.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "served_throughput.py"), str(work / "repo_ort"), "--rounds", "1",
+                        "--concurrency", "4"], cwd=work, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"round 1 cnn_naive .* server batch 1\.00", r.stdout)  # the naive model never batches
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"served_throughput model=cnn emitted=([\d.]+) naive=([\d.]+) ratio=([\d.]+)", last)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
+    assert float(m.group(3)) == pytest.approx(float(m.group(1)) / float(m.group(2)), rel=0.02)

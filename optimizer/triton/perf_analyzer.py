@@ -243,7 +243,8 @@ def run_perf_analyzer(model: str, url: str, input_data: Path, workdir: Path, set
         result = PerfResult(sorted(rows.values(), key=lambda r: r.concurrency), run.command, run.returncode, time.monotonic() - t0,
                             output_tail=_tail(run.output), input_data=str(input_data), settings=_settings_json(settings))
         raise PerfAnalyzerFailed(f"perf_analyzer failed: {reason}", result)
-    retry = replace(settings, measurement_interval_ms=settings.measurement_interval_ms * 2, stability_percentage=max(100, settings.stability_percentage))
+    retry = replace(settings, measurement_interval_ms=settings.measurement_interval_ms * 2,
+                    stability_percentage=max(100, settings.stability_percentage), max_trials=min(settings.max_trials, 6))
     for level in missing:
         log.info("concurrency %d did not settle; measuring it alone with %d ms windows", level, retry.measurement_interval_ms)
         again = _run_once(binary, model, url, input_data, workdir / f"perf_analyzer_{model}_c{level}.csv", replace(retry, concurrency=ConcurrencyRange(level, level)))

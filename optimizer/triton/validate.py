@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ STAND_IN_LABEL = "stand-in backend"
 PERF_INPUT_FILENAME = "perf_analyzer_input.json"
 VALIDATION_FILENAME = "validation.json"
 STATUSES = ("passed", "failed", "not validated")
+WINDOW_REQUESTS = 20
+"""perf_analyzer windows are sized to hold about this many requests at concurrency 1."""
+MAX_WINDOW_MS = 6000
 BUSY_SHARE = 0.25
 """Above this share of the CPU taken by other processes during the export's measurement, the ratio gets a note."""
 
@@ -370,7 +373,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     record.stand_in = runtime.endswith(".py") and (served.get("backend") or "") != "python"
     record.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{served.get('backend')}/model.py "
                         f"with pip packages, not the native C++ backend" if record.stand_in else "native backend")
-    feeds, expected, points = _reference_data(reference, served)
+    feeds, expected, points = reference_feeds(reference, served)
     for protocol, client in clients.items():
         record.answers.append(check_answers(client, protocol, target.name, served, feeds, expected, points))
     bad = [a for a in record.answers if not a.passed]
@@ -386,6 +389,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     on_event(Event("validate", "progress", target.name, f"answers match; perf_analyzer at concurrency {settings.concurrency}"))
     stats_client = clients.get(settings.protocol) or any_client
     before = _execution_counts(stats_client, target.name)
+    settings = replace(settings, measurement_interval_ms=window_for(settings, _request_ms(stats_client, target.name)))
     try:
         perf = run_perf_analyzer(target.name, urls[settings.protocol], input_data, work / "perf_analyzer", settings)
     except PerfAnalyzerFailed as err:
@@ -458,7 +462,7 @@ def _is_http(client: Any) -> bool:
 
 
 # -- answers -------------------------------------------------------------------------------------
-def _reference_data(reference: ExportReference | None, served: dict[str, Any]) -> tuple[list[Feed], list[Feed] | None, list[str]]:
+def reference_feeds(reference: ExportReference | None, served: dict[str, Any]) -> tuple[list[Feed], list[Feed] | None, list[str]]:
     """The export's feeds and reference outputs, or (no report) one feed made from the config's dims."""
     if reference is not None:
         feeds, outputs = load_feeds(reference.feeds), load_feeds(reference.outputs)
@@ -567,15 +571,35 @@ def check_oversize(client: Any, name: str, served: dict[str, Any], feed: Feed) -
             "note": f"a batch of {batch} was accepted although max_batch_size is {mbs}; the config does not limit what clients may send."}
 
 
-def _execution_counts(client: Any, name: str) -> tuple[int, int] | None:
-    """(inference count, execution count) from the server's statistics API."""
+def _statistics(client: Any, name: str) -> dict[str, Any] | None:
     try:
         stats = client.get_inference_statistics(name) if _is_http(client) else client.get_inference_statistics(name, as_json=True)
-        entry = stats["model_stats"][0]
-        return int(entry.get("inference_count", 0)), int(entry.get("execution_count", 0))
+        return stats["model_stats"][0]
     except Exception as err:  # statistics are extra information; their absence is not a failed check
         log.debug("statistics of %s: %s", name, err)
         return None
+
+
+def _request_ms(client: Any, name: str) -> float | None:
+    """The server's mean request latency so far (the answer checks), from its statistics API."""
+    success = ((_statistics(client, name) or {}).get("inference_stats") or {}).get("success") or {}
+    count, ns = int(success.get("count", 0) or 0), int(success.get("ns", 0) or 0)
+    return ns / count / 1e6 if count else None
+
+
+def window_for(settings: PerfSettings, request_ms: float | None) -> int:
+    """A perf_analyzer window long enough for about WINDOW_REQUESTS requests at concurrency 1 (a slow model
+    needs longer windows to settle), never shorter than the settings' own, at most MAX_WINDOW_MS."""
+    if not request_ms:
+        return settings.measurement_interval_ms
+    wanted = int(round(WINDOW_REQUESTS * request_ms / 100.0)) * 100
+    return max(settings.measurement_interval_ms, min(MAX_WINDOW_MS, wanted))
+
+
+def _execution_counts(client: Any, name: str) -> tuple[int, int] | None:
+    """(inference count, execution count) from the server's statistics API."""
+    entry = _statistics(client, name)
+    return (int(entry.get("inference_count", 0)), int(entry.get("execution_count", 0))) if entry else None
 
 
 def _keep_logs(work: Path, folder: Path, record: ValidationRecord) -> None:
