@@ -65,12 +65,16 @@ def variant_config(target: ModelTarget, name: str, change: str) -> str:
         kept = [b for b in config.dynamic_batching.preferred_batch_size if b <= cap]
         del config.dynamic_batching.preferred_batch_size[:]
         config.dynamic_batching.preferred_batch_size.extend(kept)
+    elif change == "one_thread":  # the backend's intra-op thread count (onnxruntime and libtorch spell it differently)
+        for key in ("intra_op_thread_count", "INTRA_OP_THREAD_COUNT"):
+            if key in config.parameters:
+                config.parameters[key].string_value = "1"
     else:
         raise ValueError(change)
     return canonical(config)
 
 
-DIAGNOSE = ("no_queue_delay", "no_preferred", "max_batch_2", "max_batch_1")
+DIAGNOSE = ("no_queue_delay", "no_preferred", "max_batch_2", "max_batch_1", "one_thread")
 """Variants measured with --diagnose, each one knob away from the emitted config."""
 
 
