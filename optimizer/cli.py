@@ -146,6 +146,8 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
         click.echo(f"warning: {w}", err=True)
     if as_json:
         click.echo(outcome.report_path.read_text())
+        if outcome.validation is not None:  # validation.json holds the record; the exit status still says it
+            _run_guarded(outcome.validation.raise_for_status)
         return
     chosen = result.selected_candidate
     click.echo(f"selected {chosen.name}: {result.selection_reason}")
