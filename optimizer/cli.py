@@ -128,7 +128,6 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     or an .onnx file. Without MODEL the bundled example CNN is used.
     """
     from optimizer.export import export as run_export
-
     from optimizer.report.progress import choose_progress
 
     settings = _run_guarded(lambda: settings_from_cli(model, config, options))
@@ -139,6 +138,8 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
         click.echo(f"warning: {w}", err=True)
     if as_json:
         click.echo(outcome.report_path.read_text())
+        if outcome.validation is not None:  # validation.json holds the record; the exit status still says it
+            _run_guarded(outcome.validation.raise_for_status)
         return
     chosen = result.selected_candidate
     click.echo(f"selected {chosen.name}: {result.selection_reason}")
@@ -149,6 +150,9 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     click.echo(f"report {outcome.report_path}")
     if outcome.published.model_analyzer_config:
         click.echo(f"Model Analyzer config: {outcome.published.model_analyzer_config}")
+    if outcome.validation is not None:
+        _print_validation(outcome.validation)
+        _run_guarded(outcome.validation.raise_for_status)
 
 
 @main.command()
@@ -167,13 +171,20 @@ def backends(device: str, check_imports: bool, precision: str, as_json: bool) ->
         b = cls(precision=precision)
         av = b.availability(device, quick=not check_imports)
         rows.append({"name": name, "platform": b.triton_platform or "(baseline, not published)", "available": av.ok, "reason": av.reason})
+    from optimizer.triton.perf_analyzer import perf_analyzer_status
+    from optimizer.triton.server import tritonserver_status
+
+    tools = [tritonserver_status(), perf_analyzer_status()]
     if as_json:
-        click.echo(json.dumps({"device": device, "precision": precision, "backends": rows}, indent=2))
+        click.echo(json.dumps({"device": device, "precision": precision, "backends": rows, "tools": tools}, indent=2))
         return
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         state = ("available" + (f" ({r['reason']})" if r["reason"] else "")) if r["available"] else f"unavailable: {r['reason']}"
         click.echo(f"{r['name']:<{width}}  {r['platform']:<26} {state}")
+    click.echo("validation tools (aitune-export validate):")
+    for t in tools:
+        click.echo(f"  {t['name']:<14} {'found' if t['found'] else 'not usable'}: {t['path'] + ' - ' if t['path'] else ''}{t['reason']}")
 
 
 @main.command()
@@ -230,6 +241,70 @@ def report_command(report_json: str, output_dir: str | None) -> None:
     rendered = _run_guarded(lambda: write_report_files(Path(report_json), Path(output_dir) if output_dir else None))
     for path in [rendered.markdown, *rendered.plots.values()]:
         click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("repo", type=click.Path())
+@click.option("--model", metavar="NAME", help="The model to validate (default: the only model in REPO).")
+@click.option("--url", metavar="HOST:PORT", help="Validate against this running Triton (its port speaks --protocol) instead of starting one.")
+@click.option("--local", is_flag=True, help="Start a local tritonserver on REPO (the default when --url is not given).")
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
+              help="Protocol perf_analyzer uses (and, with --url, the answer check); a local server is checked over both.")
+@click.option("--concurrency", default="1:8", show_default=True, metavar="START:END[:STEP]", help="perf_analyzer's concurrency sweep.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False),
+              help="Folder for validation.json; its report.json (the export's) supplies samples and the prediction "
+                   "(default: the export's report folder, else aitune-reports/NAME beside REPO).")
+@click.option("--json", "as_json", is_flag=True, help="Print the validation record (validation.json) on stdout.")
+@click.pass_context
+def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, local: bool, protocol: str, concurrency: str,
+             report_dir: str | None, as_json: bool) -> None:
+    """Load REPO's model into a real Triton, check its answers over HTTP and gRPC and measure it with perf_analyzer.
+
+    Exit status 0 when the model loads, answers like the eager reference and perf_analyzer measured it;
+    1 when a check fails (or the model cannot be validated here); 2 for bad usage.
+    """
+    from optimizer.errors import SettingsError
+    from optimizer.triton.validate import validate as run_validate
+
+    from optimizer.report.progress import choose_progress
+
+    if url and local:
+        _fail(SettingsError("give either --url HOST:PORT (a running server) or --local (start one), not both."))
+    with choose_progress(ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
+        record = _run_guarded(lambda: run_validate(Path(repo), model, url=url, protocol=protocol, concurrency=concurrency,
+                                                   report_dir=Path(report_dir) if report_dir else None, on_event=progress))
+    if as_json:
+        click.echo(json.dumps(record.to_json(), indent=2, default=str))
+    else:
+        _print_validation(record)
+    _run_guarded(record.raise_for_status)
+
+
+def _print_validation(record: Any) -> None:
+    """The validation record as a few lines and a perf table (the whole record is in validation.json)."""
+    label = " [stand-in backend]" if record.stand_in else ""
+    click.echo(f"validation of {record.model} ({record.platform}) on {record.server}: {record.status}{label}")
+    if record.served_by:
+        click.echo(f"  served by: {record.served_by}")
+    for a in record.answers:
+        against = "the eager reference" if a.compared_with == "reference" else "the config's shapes and dtypes (no reference)"
+        state = f"match {against} in {len(a.cases)} case(s), max abs error {a.max_abs:.3g}" if a.passed else f"FAIL: {a.error}"
+        click.echo(f"  answers over {a.protocol}: {state}{label}")
+    if record.oversize is not None:
+        o = record.oversize
+        click.echo(f"  batch {o['batch']} (max_batch_size + 1): " + (f"refused: {o['message']}" if o["refused"] else f"ACCEPTED: {o['note']}"))
+    if record.perf and record.perf.get("rows"):
+        click.echo(f"  perf_analyzer ({record.perf['settings']['protocol']}, batch {record.perf['settings']['batch_size']} per request){label}:")
+        click.echo("    concurrency  infer/s   p50 ms   p95 ms   p99 ms  server batch")
+        for r in record.perf["rows"]:
+            batch = f"{r['server_batch']:.2f}" if r.get("server_batch") else "-"
+            click.echo(f"    {r['concurrency']:>11}  {r['throughput']:>7.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {batch:>12}")
+        if record.throughput_ratio is not None:
+            click.echo(f"  best {record.perf['best_throughput']:.1f} infer/s = {record.throughput_ratio:.2f}x the predicted "
+                       f"{record.predicted_throughput:.1f} infer/s ({record.predicted_by} at batch {record.predicted_batch}, in-process)")
+    for note in record.notes:
+        click.echo(f"  note: {note}")
+    click.echo(f"  record {Path(record.output_dir) / 'validation.json'}")
 
 
 def run() -> None:

@@ -35,6 +35,10 @@ class PublishError(UsageError):
     """The model repository or model name cannot be written as asked."""
 
 
+class RepositoryError(UsageError):
+    """`validate` was pointed at something it cannot validate: REPO is not a model repository, or --model is unknown."""
+
+
 class TemplateError(UsageError):
     """A config.pbtxt template fails to render or does not parse as Triton's ModelConfig."""
 

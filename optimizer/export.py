@@ -103,6 +103,12 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         raise SettingsError(f"--samples file {settings.samples!r} does not exist; give an .npz with one array per input.")
     if settings.template_dir and not Path(settings.template_dir).is_dir():
         raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
+    if settings.validate:  # a missing tool or a bad range fails now, not after tuning
+        from optimizer.triton.perf_analyzer import ConcurrencyRange, find_perf_analyzer
+        from optimizer.triton.server import find_triton
+
+        ConcurrencyRange.parse(settings.validate_concurrency)
+        find_triton(), find_perf_analyzer()
     if settings.workflow == "jit" and not settings.samples:
         raise SettingsError("--workflow jit measures only the batch sizes recorded in --samples; add --samples FILE.npz.")
 
@@ -171,7 +177,13 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     write_report(report_path, result, settings, published)
     rendered = write_report_files(report_path)  # report.md and the plots, beside report.json
     on_event(Event("report", "done", message=f"{report_path} (+ {', '.join(p.name for p in [rendered.markdown, *rendered.plots.values()])})"))
-    return ExportOutcome(result, published, report_path)
+    validation = None
+    if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
+        from optimizer.triton.validate import validate
+
+        validation = validate(Path(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir, on_event=on_event)
+        write_report_files(report_path)  # again, now with the validation section
+    return ExportOutcome(result, published, report_path, validation)
 
 
 def _load(settings: ExportSettings, module: Any, example_inputs: Any) -> LoadedModel:

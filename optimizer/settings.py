@@ -57,6 +57,7 @@ class ExportSettings:
     cache: bool = _opt(True, "--cache", "Reuse builds and measurements of an identical earlier run (--no-cache rebuilds and re-measures everything).", secondary="--no-cache", group="Measurement")
     cache_dir: str | None = _opt(None, "--cache-dir", "Where builds and measurements are cached (default: $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
     validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
+    validate_concurrency: str = _opt("1:8", "--validate-concurrency", "perf_analyzer's concurrency sweep for --validate, START:END[:STEP].", metavar="RANGE", group="Validation")
 
     # -- derived values, checked before any work -----------------------------------------------
     def memory_budget_mb(self) -> float | None:

@@ -6,6 +6,8 @@ expectation is derived from the fixture itself.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import copy
 import json
 import re
@@ -140,22 +142,35 @@ def test_a_run_where_nothing_passed_still_renders():
     assert md.count("build failed: RuntimeError: unsupported operator") == len(doc["result"]["candidates"])
 
 
+def _validation(**overrides):
+    """A validation.json as optimizer/triton/validate.py writes it (the real record, not a lookalike)."""
+    from optimizer.triton.perf_analyzer import PerfRow
+    from optimizer.triton.validate import AnswerCheck, ValidationRecord
+
+    rows = [PerfRow(1, 80.0, 12.0, 13.0, 14.5, 15.0, inference_count=400, execution_count=400),
+            PerfRow(4, 150.0, 30.0, 35.0, 41.0, 50.2, inference_count=900, execution_count=300)]
+    record = ValidationRecord("cnn", "/repo", "local tritonserver 2.51.0", "onnxruntime_onnx", "onnxruntime", status="passed",
+                              served_by="stand-in backend (optimizer/triton/standin_backends/onnxruntime)", stand_in=True, loaded=True,
+                              answers=[AnswerCheck("http", True, max_abs=3e-7, max_rel=1e-6), AnswerCheck("grpc", True, max_abs=3e-7, max_rel=1e-6)],
+                              oversize={"refused": True}, perf={"rows": [asdict(r) for r in rows]}, server_batch=2.5,
+                              predicted_throughput=120.0, throughput_ratio=1.25)
+    doc = record.to_json()
+    doc.update(overrides)
+    return doc
+
+
 def test_validation_numbers_stand_beside_the_prediction():
-    validation = {
-        "loaded": True,
-        "stand_in": True,
-        "answers": {"passed": True, "max_abs": 3e-7},
-        "perf": [{"concurrency": 1, "throughput": 80.0, "p95_ms": 14.5}, {"concurrency": 4, "throughput": 150.0, "p95_ms": 41.0, "p99_ms": 50.2}],
-        "predicted_throughput": 120.0,
-    }
-    text = validation_section(validation)
-    assert "Loaded in tritonserver: yes by a stand-in Python backend" in text
-    assert "Answers through tritonclient: correct (max_abs 3e-07)" in text
-    assert "Predicted by tuning: 120.0 infer/s." in text
+    text = validation_section(_validation())
+    assert "Result: **passed**" in text
+    assert "Loaded in tritonserver: yes by stand-in backend" in text
+    assert "Answers over http: correct (max abs 3e-07" in text and "Answers over grpc: correct" in text
+    assert "A batch above max_batch_size: refused." in text
+    assert "Predicted by tuning: 120.0 infer/s; best served / predicted: 1.25." in text
     rows = _table_rows(text, "concurrency")
-    assert rows["1"] == ["1", "80.0", "14.50", "", "0.67x"]
-    assert rows["4"] == ["4", "150.0", "41.00", "50.20", "1.25x"]
-    failed = validation_section({"loaded": False, "error": "model 'cnn' failed to load: unknown platform"})
+    assert rows["1"] == ["1", "80.0", "14.50", "15.00", "1.00", "0.67x"]
+    assert rows["4"] == ["4", "150.0", "41.00", "50.20", "3.00", "1.25x"]
+    failed = validation_section(_validation(status="failed", reason="model 'cnn' failed to load: unknown platform", loaded=False,
+                                            answers=[], perf=None))
     assert "Loaded in tritonserver: no." in failed and "unknown platform" in failed
 
 
@@ -200,7 +215,7 @@ def test_latency_plot_draws_the_budget():
 def test_files_are_written_beside_report_json_and_include_validation(tmp_path: Path):
     report = tmp_path / "report.json"
     shutil.copy(REPORT, report)
-    (tmp_path / "validation.json").write_text(json.dumps({"loaded": True, "perf": [{"concurrency": 2, "throughput": 99.0, "p95_ms": 20.0}]}))
+    (tmp_path / "validation.json").write_text(json.dumps({"loaded": True, "perf": {"rows": [{"concurrency": 2, "throughput": 99.0, "p95_ms": 20.0}]}}))
     rendered = write_report_files(report)
     assert rendered.markdown == tmp_path / "report.md"
     md = rendered.markdown.read_text()
@@ -208,7 +223,7 @@ def test_files_are_written_beside_report_json_and_include_validation(tmp_path: P
         assert path.parent == tmp_path and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({path.name})" in md
     assert set(rendered.plots) == {"throughput", "latency"}
-    assert "## Validation in Triton" in md and "| 2 | 99.0 | 20.00 |" in md
+    assert "## Validation in Triton" in md and "| 2 | 99.0 | 20.00 |" in md.replace("  ", " ")
 
 
 def test_report_command_re_renders_into_another_folder(tmp_path: Path):

@@ -213,43 +213,44 @@ def _max_batch(result: TuneResult) -> str:
 def validation_section(validation: dict[str, Any]) -> str:
     """What Triton itself said about the published model, beside what tuning predicted.
 
-    Reads only these keys of validation.json (all optional; anything else is ignored):
-        loaded: bool              the repository loaded in tritonserver
-        stand_in: bool            a stand-in Python backend served the model (not the native backend)
-        error: str                why validation stopped, if it did
-        answers: dict             the tritonclient answer check; "passed" (bool) is shown first, other
-                                  scalar entries (e.g. max_abs, max_rel) follow as they are
-        perf: list of dict        perf_analyzer, one row per concurrency: "concurrency" (int),
-                                  "throughput" (infer/s), "p95_ms" (float), optional "p99_ms"
-        predicted_throughput: float   the throughput tuning predicted for the published config (infer/s)
+    Reads validation.json as optimizer/triton/validate.py writes it (ValidationRecord.to_json()):
+    status and reason, loaded, stand_in / served_by, answers (one check per protocol: protocol, passed,
+    max_abs, max_rel, error), oversize, perf (rows: concurrency, throughput, p95_ms, p99_ms, and the
+    server's inference/execution counts), server_batch, predicted_throughput and throughput_ratio.
     """
     lines = ["## Validation in Triton", ""]
-    loaded = validation.get("loaded")
-    if loaded is not None:
-        how = " by a stand-in Python backend (the native backend is not installed here)" if validation.get("stand_in") else ""
-        lines.append(f"- Loaded in tritonserver: {'yes' if loaded else 'no'}{how}.")
-    if validation.get("error"):
-        lines.append(f"- Stopped: {_cell(str(validation['error']))}")
-    answers = validation.get("answers")
-    if isinstance(answers, dict) and answers:
-        passed = answers.get("passed")
-        verdict = "" if passed is None else ("correct" if passed else "WRONG")
-        extra = ", ".join(f"{k} {_num(v)}" for k, v in answers.items() if k != "passed" and isinstance(v, (int, float, str, bool)))
-        lines.append(f"- Answers through tritonclient: {verdict}" + (f" ({extra})" if extra else "") + ".")
-    perf = validation.get("perf") or []
+    status = validation.get("status", "")
+    if status:
+        lines.append(f"- Result: **{status}**" + (f" ({_cell(str(validation['reason']))})" if validation.get("reason") else "") + ".")
+    if validation.get("loaded") is not None:
+        how = f" by {validation.get('served_by') or 'a stand-in Python backend'}" if validation["loaded"] and validation.get("stand_in") else ""
+        lines.append(f"- Loaded in tritonserver: {'yes' if validation['loaded'] else 'no'}{how}.")
+    for check in validation.get("answers") or []:
+        verdict = "correct" if check.get("passed") else "WRONG"
+        detail = check.get("error") or f"max abs {_num(check.get('max_abs', 0.0))}, max rel {_num(check.get('max_rel', 0.0))}"
+        lines.append(f"- Answers over {check.get('protocol', '?')}: {verdict} ({_cell(str(detail))}).")
+    oversize = validation.get("oversize")
+    if isinstance(oversize, dict) and "refused" in oversize:
+        lines.append(f"- A batch above max_batch_size: {'refused' if oversize['refused'] else 'ACCEPTED'}.")
     predicted = validation.get("predicted_throughput")
     if predicted is not None:
-        lines.append(f"- Predicted by tuning: {float(predicted):.1f} infer/s.")
-    if perf:
-        header = ["concurrency", "perf_analyzer infer/s", "p95 ms", "p99 ms"] + (["vs predicted"] if predicted else [])
-        rows = []
-        for row in perf:
+        lines.append(f"- Predicted by tuning: {float(predicted):.1f} infer/s"
+                     + (f"; best served / predicted: {float(validation['throughput_ratio']):.2f}" if validation.get("throughput_ratio") else "") + ".")
+    if validation.get("server_batch"):
+        lines.append(f"- Batch size the server formed (inferences / executions): {float(validation['server_batch']):.2f}.")
+    rows = (validation.get("perf") or {}).get("rows") or []
+    if rows:
+        header = ["concurrency", "perf_analyzer infer/s", "p95 ms", "p99 ms", "server batch"] + (["vs predicted"] if predicted else [])
+        table = []
+        for row in rows:
             thr = float(row.get("throughput", 0.0))
-            cells = [str(row.get("concurrency", "")), f"{thr:.1f}", _ms(row.get("p95_ms")), _ms(row.get("p99_ms"))]
+            inf, ex = row.get("inference_count"), row.get("execution_count")
+            cells = [str(row.get("concurrency", "")), f"{thr:.1f}", _ms(row.get("p95_ms")), _ms(row.get("p99_ms")),
+                     f"{inf / ex:.2f}" if inf and ex else ""]
             if predicted:
                 cells.append(f"{thr / float(predicted):.2f}x")
-            rows.append(cells)
-        lines += ["", _table(header, rows)]
+            table.append(cells)
+        lines += ["", _table(header, table)]
     return "\n".join(lines)
 
 

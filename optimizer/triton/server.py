@@ -1,0 +1,468 @@
+"""LocalTritonServer: the real tritonserver 2.51 (bundled by the nvidia-pytriton wheel) around one repository.
+
+A server home (bin/, backends/, caches/) is prepared once per version under the user's cache folder:
+the wheel's binary and python backend, the python stub for this interpreter, and a stand-in
+`backends/<name>/model.py` (Triton's "Python-based backends") for every native backend whose
+`libtriton_<name>.so` is missing here, so unchanged `onnxruntime_onnx` / `pytorch_libtorch` configs load.
+The home is built in a temporary folder and renamed into place, so no process sees half of one.
+
+The server runs on free loopback ports in explicit model-control mode (a model that fails to load
+gives Triton's own error text) and is always stopped on exit: clients closed, SIGTERM, a wait, then
+SIGKILL of its process group; its python-backend shared-memory regions carry a per-server prefix and
+are removed if the server could not remove them. Two servers at once never share a port or a region.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.metadata
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from optimizer.errors import ValidationError
+
+log = logging.getLogger(__name__)
+
+STANDIN_DIR = Path(__file__).parent / "standin_backends"
+"""One folder per stand-in backend, named as Triton names the backend (onnxruntime, pytorch, openvino, ...)."""
+
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"
+"""Triton's python backend names its regions <prefix><n>; ours start with this plus a per-server token."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ToolMissing(ValidationError):
+    """tritonserver or perf_analyzer is not installed where the project expects it."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the wheel put the real server: the package folder, its shared libraries and its version."""
+
+    package_dir: Path  # <site-packages>/pytriton/tritonserver
+    libs_dir: Path  # <site-packages>/nvidia_pytriton.libs
+    pytriton_version: str
+
+    @property
+    def stub(self) -> Path:
+        """The python backend stub built for this interpreter's major.minor version."""
+        return self.package_dir / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
+
+
+def find_triton() -> TritonInstall:
+    """The tritonserver from the nvidia-pytriton wheel, or ToolMissing naming the install command."""
+    try:
+        version = importlib.metadata.version("nvidia-pytriton")
+    except importlib.metadata.PackageNotFoundError:
+        raise ToolMissing("tritonserver was not found (nvidia-pytriton is not installed); pip install 'aitune-export[triton]', or validate against a running server with --url HOST:PORT.") from None
+    site = Path(sysconfig.get_paths()["purelib"])
+    for root in [site, *(Path(p) for p in sys.path if p)]:
+        package_dir = root / "pytriton" / "tritonserver"
+        if (package_dir / "bin" / "tritonserver").is_file():
+            break
+    else:
+        raise ToolMissing(f"nvidia-pytriton {version} is installed but pytriton/tritonserver/bin/tritonserver is missing; reinstall it: pip install --force-reinstall nvidia-pytriton=={version}.")
+    install = TritonInstall(package_dir, package_dir.parent.parent / "nvidia_pytriton.libs", version)
+    if not install.stub.is_file():
+        raise ToolMissing(f"nvidia-pytriton {version} has no python backend stub for Python {sys.version_info[0]}.{sys.version_info[1]} ({install.stub}); use a Python it ships a stub for (3.8-3.13).")
+    return install
+
+
+def stand_in_backends() -> dict[str, Path]:
+    """Backend name -> its stand-in model.py (every standin_backends/<name>/model.py)."""
+    if not STANDIN_DIR.is_dir():
+        return {}
+    return {p.parent.name: p for p in sorted(STANDIN_DIR.glob("*/model.py"))}
+
+
+@dataclass(frozen=True)
+class ServerHome:
+    """A prepared server tree: the binary, the backends Triton can load, and which of them are stand-ins."""
+
+    root: Path
+    version: str
+
+    @property
+    def binary(self) -> Path:
+        return self.root / "bin" / "tritonserver"
+
+    @property
+    def backends(self) -> Path:
+        return self.root / "backends"
+
+    @property
+    def caches(self) -> Path:
+        return self.root / "caches"
+
+    def native_backends(self) -> set[str]:
+        """Backends with a real shared library (libtriton_<name>.so)."""
+        return {p.name for p in self.backends.iterdir() if (p / f"libtriton_{p.name}.so").is_file()}
+
+    def stand_ins(self) -> set[str]:
+        """Backends served by a stand-in model.py (no shared library)."""
+        return {p.name for p in self.backends.iterdir() if (p / "model.py").is_file() and p.name not in self.native_backends()}
+
+
+def cache_root() -> Path:
+    """$AITUNE_EXPORT_CACHE, else $XDG_CACHE_HOME/aitune-export, else ~/.cache/aitune-export."""
+    if os.environ.get("AITUNE_EXPORT_CACHE"):
+        return Path(os.environ["AITUNE_EXPORT_CACHE"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "aitune-export"
+
+
+def _home_key(install: TritonInstall) -> str:
+    """Versions and stand-in sources: a new wheel, Python or stand-in gets a new home, never a patched one."""
+    digest = hashlib.sha256()
+    for name, path in stand_in_backends().items():
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(str(install.package_dir).encode())
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return f"tritonserver-pytriton{install.pytriton_version}-py{py}-{digest.hexdigest()[:12]}"
+
+
+def prepare_home(install: TritonInstall | None = None, root: Path | None = None) -> ServerHome:
+    """The server home for this install, made on first use (built aside, then renamed into place atomically)."""
+    install = install or find_triton()
+    root = root or cache_root()
+    home = ServerHome(root / _home_key(install), install.pytriton_version)
+    if home.binary.is_file():
+        return home
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-tritonserver-", dir=root))
+    try:
+        for part in ("bin", "backends", "caches"):
+            shutil.copytree(install.package_dir / part, tmp / part, symlinks=True)
+        shutil.copy2(install.stub, tmp / "backends" / "python" / "triton_python_backend_stub")
+        for name, model_py in stand_in_backends().items():
+            if not (tmp / "backends" / name / f"libtriton_{name}.so").is_file():
+                (tmp / "backends" / name).mkdir(exist_ok=True)
+                shutil.copy2(model_py, tmp / "backends" / name / "model.py")
+        try:
+            os.rename(tmp, home.root)
+            log.info("prepared the tritonserver home %s", home.root)
+        except OSError:
+            if not home.binary.is_file():  # not "someone else was faster": a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return home
+
+
+def server_environment(install: TritonInstall) -> dict[str, str]:
+    """LD_LIBRARY_PATH for the copied binary and PATH with this interpreter's bin first (the stub takes python3 from PATH)."""
+    env = dict(os.environ)
+    libs = [str(install.libs_dir)]
+    libpython = Path(sys.base_prefix) / "lib" / f"libpython{sys.version_info[0]}.{sys.version_info[1]}.so.1.0"
+    if libpython.is_file():  # the stub links libpython without an RPATH: prefer this interpreter's own
+        libs.append(str(libpython.parent))
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.pop("PYTHONPATH", None)  # the stub is isolated anyway; keep the server's view explicit
+    return env
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: if our process dies without stopping the server (SIGKILL,
+    a crash), the kernel sends it SIGTERM. Linux ties this to the starting *thread*: start the server
+    from a thread that outlives it (the main thread, as validate does)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (AttributeError, OSError):
+        pass
+
+
+@dataclass
+class ServerFailure:
+    """Why a start attempt ended: the exit status and the error lines of the server log."""
+
+    returncode: int | None
+    errors: str
+    port_clash: bool
+
+
+class LocalTritonServer:
+    """A real tritonserver on free loopback ports serving `repository`; a context manager that always stops it.
+
+    Args:
+        repository: the model repository (nothing is written into it).
+        log_path: where the server log goes (default: a temporary file removed with the server).
+        startup_timeout_s: how long the server may take to answer /v2/health/live.
+        load_timeout_s: how long loading one model may take.
+    """
+
+    exit_timeout_s = 10
+    start_attempts = 3
+
+    def __init__(self, repository: Path, *, log_path: Path | None = None, startup_timeout_s: float = 120.0,
+                 load_timeout_s: float = 300.0, home: ServerHome | None = None) -> None:
+        self.repository = Path(repository).resolve()
+        self.startup_timeout_s = startup_timeout_s
+        self.load_timeout_s = load_timeout_s
+        self._home = home
+        self._own_log = log_path is None
+        self.log_path = Path(log_path) if log_path else None
+        self.shm_prefix = f"{SHM_PREFIX}aitune{os.getpid()}x{secrets.token_hex(4)}_"
+        self.http_port = self.grpc_port = 0
+        self._proc: subprocess.Popen | None = None
+        self._clients: list[Any] = []
+        self.home: ServerHome | None = None
+
+    # -- addresses and clients --------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def client(self, protocol: str) -> Any:
+        """A tritonclient for `protocol` ("http" or "grpc"), closed when the server stops."""
+        client = open_client(protocol, self.http_url if protocol == "http" else self.grpc_url, self.load_timeout_s)
+        self._clients.append(client)
+        return client
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def __enter__(self) -> LocalTritonServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the server and wait until it is live (no model is loaded yet: see `load`)."""
+        if not self.repository.is_dir():
+            raise ValidationError(f"model repository {str(self.repository)!r} is not a directory.")
+        install = find_triton()
+        self.home = self._home or prepare_home(install)
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        env = server_environment(install)
+        failure = None
+        for _ in range(self.start_attempts):
+            failure = self._start_once(env)
+            if failure is None:
+                return
+            if not failure.port_clash:
+                break
+            log.info("a port was taken between choosing and binding it; retrying with new ports")
+        assert failure is not None
+        raise ValidationError(f"tritonserver exited while starting (status {failure.returncode}): {failure.errors or 'no error in its log'}; log: {self.log_path}")
+
+    def _start_once(self, env: dict[str, str]) -> ServerFailure | None:
+        assert self.home is not None and self.log_path is not None
+        self.http_port, self.grpc_port = free_port(), free_port()
+        while self.grpc_port == self.http_port:
+            self.grpc_port = free_port()
+        args = [
+            str(self.home.binary),
+            f"--model-repository={self.repository}",
+            "--model-control-mode=explicit",
+            "--exit-on-error=false",
+            f"--backend-directory={self.home.backends}",
+            f"--cache-directory={self.home.caches}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            "--http-address=127.0.0.1", f"--http-port={self.http_port}",
+            "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
+            "--allow-metrics=false",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+        ]
+        with open(self.log_path, "ab") as log_file:
+            self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                          start_new_session=True, preexec_fn=_die_with_parent)
+        log.info("tritonserver pid %d on http %s grpc %s, repository %s", self._proc.pid, self.http_url, self.grpc_url, self.repository)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                text = self.log_text()
+                failure = ServerFailure(self._proc.returncode, error_lines(text), "already in use" in text)
+                self._reap()
+                return failure
+            if _http_ok(f"http://{self.http_url}/v2/health/live"):
+                return None
+            time.sleep(0.1)
+        self.stop()
+        raise ValidationError(f"tritonserver did not answer on {self.http_url} within {self.startup_timeout_s:.0f} s; log: {self.log_path}")
+
+    def load(self, name: str) -> None:
+        """Load one model and wait until it is ready; a failure raises ValidationError with Triton's own text."""
+        from tritonclient.utils import InferenceServerException
+
+        client = self.client("http")
+        t0 = time.monotonic()
+        try:
+            client.load_model(name)
+        except InferenceServerException as err:
+            raise ValidationError(f"Triton could not load model {name!r}: {triton_message(err)}") from err
+        while not client.is_model_ready(name):
+            if time.monotonic() - t0 > self.load_timeout_s:
+                raise ValidationError(f"model {name!r} was not ready {self.load_timeout_s:.0f} s after loading; log: {self.log_path}")
+            time.sleep(0.1)
+        log.info("loaded %s in %.1f s", name, time.monotonic() - t0)
+
+    def stop(self) -> int | None:
+        """Close clients, SIGTERM, wait, SIGKILL the process group as a fallback, remove our shm regions. Idempotent."""
+        for client in self._clients:
+            try:
+                client.close()
+            except Exception as err:  # a broken connection must not keep the server alive
+                log.debug("closing a client: %s", err)
+        self._clients.clear()
+        code = None
+        if self._proc is not None:
+            code = self._terminate()
+            self._proc = None
+        self._remove_regions()
+        if self._own_log and self.log_path is not None and code == 0:
+            self.log_path.unlink(missing_ok=True)
+        return code
+
+    def _terminate(self) -> int | None:
+        proc = self._proc
+        assert proc is not None
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not _wait_exited(proc.pid, self.exit_timeout_s + 10):
+                log.warning("tritonserver pid %d ignored SIGTERM; killing its process group", proc.pid)
+        # the group leader is not reaped yet, so its pid (= the group id) cannot have been reused
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # python stubs that outlived the server
+        except (ProcessLookupError, PermissionError):
+            pass
+        return self._reap()
+
+    def _reap(self) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def _remove_regions(self) -> None:
+        for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
+            log.info("removing shared-memory region %s left by tritonserver", region.name)
+            region.unlink(missing_ok=True)
+
+    def regions(self) -> list[Path]:
+        """This server's python-backend shared-memory regions (one per model instance while it runs)."""
+        return sorted(SHM_DIR.glob(f"{self.shm_prefix}*"))
+
+
+def _wait_exited(pid: int, timeout_s: float) -> bool:
+    """Wait for a child to exit without reaping it (so its process group id stays reserved)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is not None:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def open_client(protocol: str, url: str, timeout_s: float = 300.0) -> Any:
+    """A tritonclient InferenceServerClient for HTTP or gRPC with generous timeouts (a busy CPU server is slow)."""
+    if protocol == "http":
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
+    if protocol == "grpc":
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(url)
+    raise ValueError(f"unknown protocol {protocol!r}")
+
+
+_PY_TRACE = re.compile(r"\s+At:\s+\S+\.py\(\d+\).*$", re.DOTALL)
+
+
+def triton_message(err: Any) -> str:
+    """Triton's own error text from an InferenceServerException, on one line (a python model's stack trace dropped)."""
+    text = err.message() if hasattr(err, "message") and callable(err.message) else str(err)
+    return _PY_TRACE.sub("", " ".join(str(text).split())).rstrip(" ;")
+
+
+_ERROR_LINE = re.compile(r"^(E\d{4}|error:)")
+_HARMLESS = ("CUDA driver", "CudaDriverHelper", "NVML", "DCGM", "pinned", "unable to create stream")
+
+
+def error_lines(text: str, limit: int = 5) -> str:
+    """The server log's error lines (without the harmless no-GPU noise), joined on one line."""
+    lines = [l.strip() for l in text.splitlines() if _ERROR_LINE.match(l.strip()) and not any(h in l for h in _HARMLESS)]
+    return " | ".join(lines[-limit:])
+
+
+def tritonserver_status() -> dict[str, Any]:
+    """Whether the local tritonserver can start here, for `aitune-export backends` (finds files, starts nothing)."""
+    try:
+        install = find_triton()
+    except ToolMissing as err:
+        return {"name": "tritonserver", "found": False, "path": None, "reason": str(err)}
+    stand_ins = sorted(stand_in_backends())
+    home = cache_root() / _home_key(install)
+    return {
+        "name": "tritonserver",
+        "found": True,
+        "path": str(install.package_dir / "bin" / "tritonserver"),
+        "reason": f"2.51 from nvidia-pytriton {install.pytriton_version}; stand-in backends: {', '.join(stand_ins) or 'none'}; "
+                  + (f"server home {home}" if (home / "bin" / "tritonserver").is_file() else "server home is prepared on first use"),
+    }

@@ -1,0 +1,122 @@
+"""perf_analyzer's inputs and outputs as users meet them: real samples in, an unordered CSV and console report out."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from optimizer.errors import SettingsError, ValidationError
+from optimizer.triton.perf_analyzer import ConcurrencyRange, parse_csv, parse_server_counts, perf_analyzer_command, write_input_data, PerfSettings
+
+# Captured from perf_analyzer 2.51 against the local tritonserver 2.51 (rows in perf_analyzer's own order).
+CSV = """Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency
+3,16887.8,40,232,252,17,133,30,0,679,941,1019,1521
+1,2579.5,50,150,1110,18,166,48,0,1477,1634,1675,3278
+2,17808.3,32,199,52,17,114,28,0,424,580,682,932
+"""
+
+CONSOLE = """Request concurrency: 1
+  Client: 
+    Request count: 113
+    Throughput: 15.6772 infer/sec
+  Server: 
+    Inference count: 113
+    Execution count: 113
+    Successful request count: 113
+
+Request concurrency: 8
+  Client: 
+    Request count: 608
+  Server: 
+    Inference count: 608
+    Execution count: 152
+    Successful request count: 608
+
+Request concurrency: 4
+Failed to obtain stable measurement within 10 measurement windows for concurrency 4. Please try to increase the --measurement-interval.
+"""
+
+
+def test_csv_rows_come_back_in_concurrency_order_in_milliseconds():
+    rows = parse_csv(CSV)
+    assert [r.concurrency for r in rows] == [1, 2, 3]
+    first = rows[0]
+    assert first.throughput == pytest.approx(2579.5)
+    assert (first.p50_ms, first.p95_ms, first.p99_ms) == pytest.approx((1.477, 1.675, 3.278))
+    assert first.server_queue_ms == pytest.approx(1.110)
+    assert first.server_compute_ms == pytest.approx((18 + 166 + 48) / 1000)
+
+
+def test_a_csv_without_the_needed_columns_is_refused_with_its_header():
+    header = "Request Rate,Inferences/Second,p50 latency,p90 latency,p95 latency,p99 latency\n1,2,3,4,5,6\n"
+    with pytest.raises(ValidationError, match="no column.*Concurrency.*Request Rate"):
+        parse_csv(header)
+
+
+def test_server_batch_comes_from_inference_and_execution_counts():
+    counts = parse_server_counts(CONSOLE)
+    assert counts == {1: (113, 113), 8: (608, 152)}  # the unstable level has no counts
+    rows = parse_csv(CSV.replace("\n3,", "\n8,"))
+    row = next(r for r in rows if r.concurrency == 8)
+    row.inference_count, row.execution_count = counts[8]
+    assert row.server_batch == 4.0 and row.to_json()["server_batch"] == 4.0
+
+
+def test_input_data_holds_each_sample_row_exactly(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    feeds = [{"image": rng.standard_normal((1, 3, 4, 4)).astype(np.float32), "ids": np.arange(5, dtype=np.int64)[None]},
+             {"image": rng.standard_normal((3, 3, 4, 4)).astype(np.float32), "ids": np.arange(15, dtype=np.int64).reshape(3, 5)}]
+    path = write_input_data(tmp_path / "in.json", feeds, batching=True)
+    data = json.loads(path.read_text())["data"]
+    assert len(data) == 4  # one entry per batch row: perf_analyzer -b N stacks N of them
+    third = data[2]
+    assert third["image"]["shape"] == [3, 4, 4] and third["ids"]["shape"] == [5]
+    image = np.frombuffer(base64.b64decode(third["image"]["content"]["b64"]), dtype="<f4").reshape(3, 4, 4)
+    np.testing.assert_array_equal(image, feeds[1]["image"][1])
+    ids = np.frombuffer(base64.b64decode(third["ids"]["content"]["b64"]), dtype="<i8")
+    np.testing.assert_array_equal(ids, feeds[1]["ids"][1])
+    assert not list(tmp_path.glob(".*"))  # the atomic write left no temporary file
+
+
+def test_input_data_for_a_model_without_batching_keeps_full_shapes(tmp_path: Path):
+    feeds = [{"x": np.ones((2, 7), np.float32)}] * 50
+    data = json.loads(write_input_data(tmp_path / "in.json", feeds, batching=False, max_entries=5).read_text())["data"]
+    assert len(data) == 5 and data[0]["x"]["shape"] == [2, 7]
+
+
+def test_no_samples_is_an_error(tmp_path: Path):
+    with pytest.raises(ValidationError, match="no samples"):
+        write_input_data(tmp_path / "in.json", [], batching=True)
+
+
+@pytest.mark.parametrize("text, levels", [("1:8", list(range(1, 9))), ("1:8:7", [1, 8]), ("4", [4]), ("2:6:2", [2, 4, 6])])
+def test_concurrency_ranges(text, levels):
+    assert ConcurrencyRange.parse(text).levels == levels
+
+
+@pytest.mark.parametrize("text", ["0:4", "8:1", "a:b", "1:2:3:4", "", "1:-2"])
+def test_bad_concurrency_is_a_usage_error(text):
+    with pytest.raises(SettingsError, match="--concurrency"):
+        ConcurrencyRange.parse(text)
+
+
+def test_command_line_settles_on_a_noisy_machine(tmp_path: Path):
+    cmd = perf_analyzer_command(Path("perf_analyzer"), "cnn", "127.0.0.1:1", tmp_path / "in.json", tmp_path / "o.csv",
+                                PerfSettings(ConcurrencyRange.parse("1:8"), "grpc"))
+    joined = " ".join(cmd)
+    assert "--concurrency-range 1:8:1" in joined and "-i grpc" in joined and "--input-data" in joined
+    assert int(cmd[cmd.index("-s") + 1]) >= 50  # wide stability tolerance: 10 % never settles on 2 shared cores
+
+
+def test_slow_models_get_longer_windows():
+    from optimizer.triton.validate import MAX_WINDOW_MS, window_for
+
+    settings = PerfSettings()
+    assert window_for(settings, None) == settings.measurement_interval_ms
+    assert window_for(settings, 1.0) == settings.measurement_interval_ms  # never shorter than asked
+    assert window_for(settings, 150.0) == 3000  # about 20 requests per window
+    assert window_for(settings, 5000.0) == MAX_WINDOW_MS

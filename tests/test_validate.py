@@ -1,0 +1,247 @@
+"""`aitune-export validate` and `export --validate` against the real tritonserver 2.51 and perf_analyzer 2.51.
+
+The bundled CNN is exported once per backend (small max batch, eager baseline off, to stay quick) and
+validated; broken or unservable repositories must fail with Triton's own words or be reported as not
+validated, never as passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, tree_snapshot
+from tests.test_triton_server import write_double_model
+
+EXPORT = ("export", "--max-batch-size", "2", "--eager-gate", "disabled")
+
+
+def _record(folder: Path) -> dict:
+    return json.loads((folder / "validation.json").read_text())
+
+
+def _assert_validated(record: dict, levels: set[int]) -> None:
+    """Loaded, right answers on both protocols, oversize refused, a perf sweep, all labelled as a stand-in."""
+    assert record["status"] == "passed", record["reason"]
+    assert record["loaded"] and record["stand_in"] and "stand-in backend" in record["served_by"]
+    answers = {a["protocol"]: a for a in record["answers"]}
+    assert set(answers) == {"http", "grpc"}
+    for a in answers.values():
+        assert a["passed"] and a["compared_with"] == "reference"
+        assert [c["point"] for c in a["cases"]] == ["batch=1,axes=max", "batch=3,axes=max"]  # batch 3 > max 2: sent in slices
+        assert a["max_abs"] < 1e-4
+    assert record["oversize"]["refused"] and record["oversize"]["batch"] == 3
+    assert "batch-size must be <= 2" in record["oversize"]["message"]
+    perf = record["perf"]
+    rows = perf["rows"]
+    assert rows and all(r["throughput"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] for r in rows)
+    assert {r["concurrency"] for r in rows} | set(perf["unstable"]) == levels
+    assert all(1 <= r["server_batch"] <= 2 for r in rows if r["server_batch"])
+    assert record["predicted_throughput"] > 0 and record["throughput_ratio"] == pytest.approx(perf["best_throughput"] / record["predicted_throughput"], rel=1e-2)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("validate")
+
+
+@pytest.fixture(scope="module")
+def ort_export(work: Path):
+    """ONNX Runtime winner, published and validated in one `export --validate` run."""
+    r = run_cli(*EXPORT, "--backend", "onnxruntime", "--repository", "repo_ort", "--report-dir", "rep_ort",
+                "--validate", "--validate-concurrency", "1:4:3", cwd=work)
+    return r
+
+
+@pytest.fixture(scope="module")
+def ts_export(work: Path):
+    r = run_cli(*EXPORT, "--backend", "torchscript", "--repository", "repo_ts", "--report-dir", "rep_ts", cwd=work)
+    assert r.returncode == 0, r.stderr
+    return work / "repo_ts"
+
+
+@pytest.mark.slow
+def test_export_validate_proves_the_onnxruntime_model_in_triton(ort_export, work: Path):
+    assert ort_export.returncode == 0, ort_export.stderr
+    record = _record(work / "rep_ort")
+    _assert_validated(record, {1, 4})
+    assert record["platform"] == "onnxruntime_onnx" and record["export_report"].endswith("rep_ort/report.json")
+    out = ort_export.stdout
+    assert "validation of cnn (onnxruntime_onnx)" in out and ": passed [stand-in backend]" in out
+    assert "answers over grpc: match the eager reference" in out and "x the predicted" in out
+    data = json.loads((work / "rep_ort" / "perf_analyzer_input.json").read_text())["data"]
+    assert len(data) == 4 and data[0]["image"]["shape"] == [3, 64, 64]  # every saved sample row, exact bytes
+    assert not any(p.name.endswith(".json") for p in (work / "repo_ort").rglob("*"))  # nothing written into the repository
+
+
+@pytest.mark.slow
+def test_validate_the_torchscript_repository_over_grpc(ts_export: Path, work: Path):
+    r = run_cli("validate", str(ts_export), "--protocol", "grpc", "--concurrency", "1", "--json", cwd=work)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record == _record(work / "rep_ts")  # the export's report folder was found from the repository
+    _assert_validated(record, {1})
+    assert record["platform"] == "pytorch_libtorch" and record["perf"]["settings"]["protocol"] == "grpc"
+    assert "-i grpc" in " ".join(record["perf"]["command"])
+
+
+@pytest.mark.slow
+def test_wrong_dims_fail_with_tritons_message(ort_export, ts_export: Path, work: Path):
+    for source, report, expected in (
+        (work / "repo_ort" / "cnn", work / "rep_ort", "the model expects 4 dimensions (shape [-1, 3, 64, 64])"),  # refused at load
+        (ts_export / "cnn", work / "rep_ts", "unexpected shape for input 'image' for model 'cnn'"),  # refused per request
+    ):
+        repo = work / f"bad_{source.parent.name}"
+        shutil.copytree(source, repo / "cnn")
+        config = repo / "cnn" / "config.pbtxt"
+        config.write_text(config.read_text().replace("dims: [3, 64, 64]", "dims: [3, 32, 32]"))
+        out = work / f"out_{source.parent.name}"
+        out.mkdir()
+        shutil.copy(report / "report.json", out)  # the export's samples, without touching its validation.json
+        r = run_cli("validate", str(repo), "--report", str(out), "--concurrency", "1", cwd=work)
+        assert r.returncode == 1, r.stderr
+        error = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
+        assert len(error) == 1 and expected in error[0], r.stderr
+        assert "Traceback" not in r.stderr
+        record = _record(out)
+        assert record["status"] == "failed" and expected in record["reason"] and record["perf"] is None
+        shutil.rmtree(repo)
+        shutil.rmtree(out)  # its copy of report.json would claim the good model for later tests
+
+
+@pytest.mark.parametrize(
+    "edit, reason",
+    [
+        (lambda c: c.replace('platform: "onnxruntime_onnx"', 'platform: "tensorrt_plan"'), "TensorRT and a GPU"),
+        (lambda c: c.replace("kind: KIND_CPU", "kind: KIND_GPU"), "KIND_GPU and this machine has no GPU"),
+        (lambda c: c.replace('platform: "onnxruntime_onnx"', 'platform: "torch_aoti"'), "unknown to the core of the local tritonserver"),
+        (lambda c: c.replace('platform: "onnxruntime_onnx"', 'backend: "tensorflow"'), "no 'tensorflow' backend"),
+    ],
+)
+def test_what_the_local_server_cannot_serve_is_not_validated_never_passed(edit, reason, tmp_path: Path):
+    model = write_double_model(tmp_path / "repo")
+    (model / "config.pbtxt").write_text(edit((model / "config.pbtxt").read_text()))
+    r = run_cli("validate", str(tmp_path / "repo"), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "not validated" in r.stdout and "passed" not in r.stdout
+    assert reason in r.stderr
+    record = _record(tmp_path / "aitune-reports" / "double")  # beside the repository, never inside it
+    assert record["status"] == "not validated" and not record["loaded"]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["missing_repo"], "is not a directory"),
+        (["repo", "--model", "nope"], "model 'nope' is not in"),
+        (["two"], "holds 2 models (a, b); choose one with --model"),
+        (["repo", "--url", "127.0.0.1:1", "--local"], "either --url"),
+        (["repo", "--report", "repo/double/out"], "inside the repository"),
+        (["repo", "--concurrency", "8:1"], "--concurrency '8:1'"),
+        (["repo", "--protocol", "udp"], "Invalid value for '--protocol'"),
+    ],
+)
+def test_bad_usage_exits_2_and_writes_nothing(args, fragment, tmp_path: Path):
+    write_double_model(tmp_path / "repo")
+    write_double_model(tmp_path / "two", "a")
+    write_double_model(tmp_path / "two", "b")
+    before = tree_snapshot(tmp_path)
+    r = run_cli("validate", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_backends_says_whether_the_validation_tools_were_found():
+    r = run_cli("backends", "--json")
+    assert r.returncode == 0, r.stderr
+    tools = {t["name"]: t for t in json.loads(r.stdout)["tools"]}
+    assert tools["tritonserver"]["found"] and tools["tritonserver"]["path"].endswith("bin/tritonserver")
+    assert "onnxruntime" in tools["tritonserver"]["reason"] and "pytorch" in tools["tritonserver"]["reason"]
+    assert tools["perf_analyzer"]["found"], tools["perf_analyzer"]["reason"]
+    plain = run_cli("backends")
+    assert "tritonserver   found" in plain.stdout and "perf_analyzer  found" in plain.stdout
+
+
+@pytest.mark.slow
+def test_validate_against_a_running_server_with_url(ort_export, work: Path):
+    from optimizer.triton.server import LocalTritonServer
+
+    assert ort_export.returncode == 0, ort_export.stderr
+    with LocalTritonServer(work / "repo_ort") as server:  # stands for a server someone else runs
+        r = run_cli("validate", str(work / "repo_ort"), "--url", server.http_url, "--concurrency", "1",
+                    "--report", str(work / "remote"), cwd=work)
+        assert server.client("http").is_model_ready("cnn")  # validate asked the explicit-mode server to load it
+    assert r.returncode == 0, r.stderr
+    record = _record(work / "remote")
+    assert record["status"] == "passed" and record["server"] == server.http_url
+    assert [a["protocol"] for a in record["answers"]] == ["http"]  # only the protocol of --url is known
+    assert record["stand_in"] and record["perf"]["rows"][0]["throughput"] > 0
+    assert record["export_report"].endswith("rep_ort/report.json")  # found from the repository, though --report is elsewhere
+    assert record["answers"][0]["compared_with"] == "reference" and record["throughput_ratio"] > 0
+
+
+@pytest.mark.slow
+def test_a_model_without_batching_and_without_a_report(tmp_path: Path):
+    config = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input {{ name: "x" data_type: TYPE_FP32 dims: [-1, 3] }}
+output {{ name: "y" data_type: TYPE_FP32 dims: [-1, 3] }}
+instance_group {{ count: 1 kind: KIND_CPU }}
+"""
+    write_double_model(tmp_path / "repo", config=config)
+    r = run_cli("validate", str(tmp_path / "repo" / "double"), "--concurrency", "1", "--json", cwd=tmp_path)  # REPO may be the model folder
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["status"] == "passed" and record["oversize"] is None  # nothing to refuse without a batch axis
+    assert [a["compared_with"] for a in record["answers"]] == ["none", "none"] and all(a["passed"] for a in record["answers"])
+    assert record["predicted_throughput"] is None and record["throughput_ratio"] is None
+    data = json.loads((tmp_path / "aitune-reports" / "double" / "perf_analyzer_input.json").read_text())["data"]  # beside the repository
+    assert data[0]["x"]["shape"] == [1, 3]
+
+
+def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from optimizer.triton.validate import find_export_report, resolve_target
+
+    model = write_double_model(tmp_path / "repo")
+    elsewhere = write_double_model(tmp_path / "other_repo")
+
+    def report(folder: Path, model_dir: Path, mtime: int) -> Path:
+        folder.mkdir(parents=True)
+        (folder / "report.json").write_text(json.dumps({"published": {"model_dir": str(model_dir), "version": 1}}))
+        os.utime(folder / "report.json", ns=(mtime, mtime))
+        return folder / "report.json"
+
+    report(tmp_path / "aitune-reports" / "double", elsewhere, 3_000_000_000)  # same name, another repository: not ours
+    old = report(tmp_path / "aitune-reports" / "old", model, 1_000_000_000)
+    new = report(tmp_path / "custom_reports", model, 2_000_000_000)  # a later export with --report-dir custom_reports
+    monkeypatch.chdir(tmp_path / "repo")  # found beside the repository, not only in the working directory
+    target = resolve_target(tmp_path / "repo", None)
+    assert find_export_report(target) == new.resolve()
+    assert find_export_report(target, old.parent) == old.parent / "report.json"  # --report wins
+    new.unlink()
+    assert find_export_report(target) == old.resolve()
+
+
+@pytest.mark.slow
+def test_served_throughput_benchmark_compares_with_a_naive_config(ort_export, work: Path):
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    assert ort_export.returncode == 0, ort_export.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "served_throughput.py"), str(work / "repo_ort"), "--rounds", "1",
+                        "--concurrency", "4"], cwd=work, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"round 1 cnn_naive .* server batch 1\.00", r.stdout)  # the naive model never batches
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"served_throughput model=cnn emitted=([\d.]+) naive=([\d.]+) ratio=([\d.]+)", last)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
+    assert float(m.group(3)) == pytest.approx(float(m.group(1)) / float(m.group(2)), rel=0.02)
