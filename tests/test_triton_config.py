@@ -82,7 +82,7 @@ def test_golden_config_per_platform(tmp_path: Path, platform: str):
     assert (config.platform or config.backend) == ("openvino" if platform == "openvino" else platform)
     assert [list(t.dims) for t in config.input] == [[3, 8, 8]] and [list(t.dims) for t in config.output] == [[10]]
     assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
-    assert config.dynamic_batching.max_queue_delay_microseconds == 800  # p50 1.6 ms at knee 4, halved
+    assert config.dynamic_batching.max_queue_delay_microseconds == 100  # a tenth of the 1.0 ms p50 at batch 1
     group = config.instance_group[0]
     if platform == "tensorrt_plan":
         assert (group.kind, list(group.gpus), list(group.profile)) == (1, [0], ["0"])  # KIND_GPU on the tuned GPU, engine profile 0
@@ -92,7 +92,7 @@ def test_golden_config_per_platform(tmp_path: Path, platform: str):
     assert [(w.batch_size, list(w.inputs["image" if platform != "torch_aoti" else "INPUT__0"].dims)) for w in config.model_warmup] == [
         (1, [3, 8, 8]), (8, [3, 8, 8])]
     assert set(files) == {f"warmup/{config.input[0].name}.data"} and len(next(iter(files.values()))) == 3 * 8 * 8 * 4
-    assert spec.batching.explanation.startswith("p50 at knee batch 4 = 1.600 ms")
+    assert spec.batching.explanation.startswith("p50 at batch 1 = 1.000 ms")
 
 
 def test_onnxruntime_threads_graph_level_and_typed_parameters(tmp_path: Path):
@@ -145,24 +145,25 @@ def test_scalar_tensor_without_batching_is_refused_with_tritons_words(tmp_path: 
 # -- dynamic batching: the formula's inputs and result -----------------------------------------------
 
 
-def test_queue_delay_is_half_the_knee_p50():
-    plan = batching_plan(decision(8, 4, [profile(1, 1.0), profile(4, 1.6), profile(8, 3.0)]), 8, None, 95)
-    assert (plan.knee, plan.knee_p50_ms, plan.half_knee_p50_us, plan.clamped_us, plan.max_queue_delay_microseconds) == (4, 1.6, 800, 800, 800)
+def test_queue_delay_is_a_tenth_of_a_single_requests_p50():
+    plan = batching_plan(decision(8, 4, [profile(1, 2.0), profile(4, 3.2), profile(8, 6.0)]), 8, None, 95)
+    assert (plan.knee, plan.single_p50_ms, plan.share_us, plan.clamped_us, plan.max_queue_delay_microseconds) == (4, 2.0, 200, 200, 200)
     assert plan.preferred_batch_size == [4, 8] and plan.budget_room_us is None
+    assert "p50 at batch 1 = 2.000 ms -> 10% = 200 us" in plan.explanation
 
 
-@pytest.mark.parametrize("p50_ms, expected", [(0.05, MIN_QUEUE_DELAY_US), (400.0, MAX_QUEUE_DELAY_US)])
+@pytest.mark.parametrize("p50_ms, expected", [(0.004, MIN_QUEUE_DELAY_US), (400.0, MAX_QUEUE_DELAY_US)])
 def test_queue_delay_is_clamped(p50_ms: float, expected: int):
     plan = batching_plan(decision(2, 2, [profile(1, p50_ms), profile(2, p50_ms)]), 2, None, 95)
     assert plan.max_queue_delay_microseconds == expected and plan.clamped_us == expected
 
 
 def test_latency_budget_caps_the_delay_at_what_the_max_batch_leaves():
-    profiles = [profile(1, 1.0), profile(4, 1.6), profile(8, 3.0)]  # p95 = 1.2 x p50 -> 3.6 ms at batch 8
-    plan = batching_plan(decision(8, 4, profiles), 8, 4.0, 95)
-    assert plan.max_batch_latency_at == 8 and plan.budget_room_us == 400 and plan.max_queue_delay_microseconds == 400
-    assert "budget 4 ms - p95 at batch 8 (3.600 ms) = 400 us -> 400 us" in plan.explanation
-    tight = batching_plan(decision(8, 4, profiles), 8, 3.0, 95)
+    profiles = [profile(1, 5.0), profile(4, 5.5), profile(8, 6.5)]  # p95 = 1.2 x p50 -> 7.8 ms at batch 8; 10% of 5 ms = 500 us
+    plan = batching_plan(decision(8, 4, profiles), 8, 8.1, 95)
+    assert plan.max_batch_latency_at == 8 and plan.budget_room_us == 300 and plan.max_queue_delay_microseconds == 300
+    assert "budget 8.1 ms - p95 at batch 8 (7.800 ms) = 300 us -> 300 us" in plan.explanation
+    tight = batching_plan(decision(8, 4, profiles), 8, 7.0, 95)
     assert tight.budget_room_us < 0 and tight.max_queue_delay_microseconds == 0
 
 

@@ -71,21 +71,21 @@ def test_new_model_lands_complete_with_nothing_left_beside_it(tmp_path: Path):
     assert published.version == 1 and not published.replaced and published.versions == [1]
     assert staging_leftovers(tmp_path / "repo") == [] and sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["m"]
     batching = published.config["batching"]
-    assert batching["max_queue_delay_microseconds"] == 800 and batching["knee"] == 4 and batching["half_knee_p50_us"] == 800
+    assert batching["max_queue_delay_microseconds"] == 100 and batching["knee"] == 4 and batching["share_us"] == 100
 
 
 def test_report_json_shows_the_dynamic_batching_formula_inputs_and_result(tmp_path: Path):
-    result = make_result(tmp_path / "run", "pytorch_libtorch", latency_budget_ms=4.0)
+    result = make_result(tmp_path / "run", "pytorch_libtorch", latency_budget_ms=3.65)  # p95 at batch 8 = 3.6 ms
     published = publish(result, opts(tmp_path / "repo"))
     report = write_report(tmp_path / "report" / "report.json", result, ExportSettings(name="m"), published)
     batching = json.loads(report.read_text())["published"]["config"]["batching"]
-    assert batching["formula"].startswith("max_queue_delay_microseconds = clamp(p50(knee batch) / 2")
-    assert {k: batching[k] for k in ("knee", "knee_p50_ms", "latency_budget_ms", "max_batch_latency_at", "budget_room_us",
+    assert batching["formula"].startswith("max_queue_delay_microseconds = clamp(10% of p50(batch 1)")
+    assert {k: batching[k] for k in ("knee", "single_p50_ms", "share_us", "latency_budget_ms", "max_batch_latency_at", "budget_room_us",
                                      "max_queue_delay_microseconds", "preferred_batch_size")} == {
-        "knee": 4, "knee_p50_ms": 1.6, "latency_budget_ms": 4.0, "max_batch_latency_at": 8, "budget_room_us": 400,
-        "max_queue_delay_microseconds": 400, "preferred_batch_size": [4, 8]}
+        "knee": 4, "single_p50_ms": 1.0, "share_us": 100, "latency_budget_ms": 3.65, "max_batch_latency_at": 8, "budget_room_us": 50,
+        "max_queue_delay_microseconds": 50, "preferred_batch_size": [4, 8]}
     config = parse((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
-    assert config.dynamic_batching.max_queue_delay_microseconds == 400
+    assert config.dynamic_batching.max_queue_delay_microseconds == 50
 
 
 def test_existing_model_is_left_alone_and_the_error_says_how_to_proceed(tmp_path: Path):
