@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optimizer.backend.torch_export import dynamic_shapes_for  # shared with torch_aoti.py
 from optimizer.errors import BackendError
 from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature
@@ -23,27 +24,6 @@ DEFAULT_OPSET = 20
 
 EXTERNAL_DATA_BYTES = 1_800_000_000
 """Above this many parameter bytes the weights go to model.onnx.data (protobuf's 2 GB limit)."""
-
-
-def dynamic_shapes_for(signature: Signature, batch_max: int) -> dict[str, dict[int, Any]]:
-    """torch.export Dims for every dynamic axis; axes with the same position and range share one Dim
-    (a sequence axis that input_ids and attention_mask must agree on)."""
-    from torch.export import Dim
-
-    shared: dict[tuple[int, int, int], Any] = {}
-    batch = Dim("batch", min=1, max=max(batch_max, 2)) if signature.batching else None
-    shapes: dict[str, dict[int, Any]] = {}
-    offset = 1 if signature.batching else 0
-    for spec in signature.inputs:
-        axes: dict[int, Any] = {0: batch} if batch is not None else {}
-        for i in spec.dynamic_axes:
-            a = spec.axes[i]
-            key = (i, a.min, a.max)
-            if key not in shared:
-                shared[key] = Dim(f"axis{i + offset}_{a.min}_{a.max}", min=a.min, max=a.max)
-            axes[i + offset] = shared[key]
-        shapes[spec.name] = axes
-    return shapes
 
 
 def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max: int, opset: int = DEFAULT_OPSET) -> dict[str, Any]:
