@@ -176,7 +176,8 @@ def evaluate_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         cand.correctness = report
         _write_progress(progress, cand)
         if not report.passed:
-            return _failed(cand, "correctness", f"rejected: {report.reason}")
+            note = artifact.metadata.get("numerics_note")  # e.g. a runtime that computes below fp32 on this CPU
+            return _failed(cand, "correctness", f"rejected: {report.reason}" + (f"; {note}" if note else ""))
         log.info("%s | correct (max abs %.2g, max rel %.2g)", cand.name, report.max_abs, report.max_rel)
 
         cand.stage = "profile"
