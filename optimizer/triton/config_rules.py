@@ -217,6 +217,40 @@ def _libtorch(config: Any, facts: ArtifactFacts) -> list[str]:
     ]
 
 
+_OV_CHOICES = {
+    "NUM_STREAMS": ("either AUTO/NUMA/<int_value>", lambda v: v in ("auto", "numa") or v.isdigit()),
+    "PERFORMANCE_HINT": ("LATENCY/THROUGHPUT/CUMULATIVE_THROUGHPUT", lambda v: v in ("latency", "throughput", "cumulative_throughput")),
+    "INFERENCE_NUM_THREADS": ("a non-negative number", str.isdigit),
+    "COMPILATION_NUM_THREADS": ("a non-negative number", str.isdigit),
+    "HINT_BF16": ("YES", lambda v: v == "yes"),
+}
+"""The openvino backend's typed parameters: how it describes the accepted values, and the check (on the lower-cased value)."""
+
+
+@rule("openvino")
+def _openvino(config: Any, facts: ArtifactFacts) -> list[str]:
+    if config.backend != "openvino" or config.platform:
+        return []
+    out = []
+    if not config.input or not config.output:
+        out.append("the openvino backend does not auto-complete the configuration; list every input and output")
+    for i, g in enumerate(config.instance_group):
+        kind = _kind(config, g.kind)
+        if kind != "KIND_CPU":
+            out.append(f"unable to load model '{config.name}', Triton openVINO backend supports only CPU device "
+                       f"(instance group {g.name or f'{config.name}_{i}'} has kind {kind}; use KIND_CPU)")
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    for key, (expected, ok) in _OV_CHOICES.items():
+        if key in params and params[key] and not ok(params[key].lower()):
+            out.append(f"expected the parameter '{key}' to be {expected}, got {params[key].lower()}")
+    if config.max_batch_size > 1 and params.get("ENABLE_BATCH_PADDING", "").lower() != "yes":
+        out.append(
+            f"the openvino backend fixes the batch at max_batch_size {config.max_batch_size} and answers any smaller batch with "
+            f"\"expected requests with batch size '{config.max_batch_size}', got ...\"; set the parameter ENABLE_BATCH_PADDING to YES"
+        )
+    return out
+
+
 def violations(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     """Every broken rule (empty when the config would load)."""
     return [RuleViolation(name, msg) for name, fn in RULES.items() for msg in fn(config, facts)]
