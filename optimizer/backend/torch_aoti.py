@@ -47,8 +47,8 @@ def inductor_cache_dir(workdir: Path) -> tuple[Path, str]:
     Returns the directory and who chose it ("environment" or "run"). Inductor writes its own default
     into the variable the first time it looks (torch.export does), so that value does not count as set.
     """
-    value = os.environ.get(CACHE_ENV)
-    if value and os.path.abspath(value) != os.path.abspath(_torch_default_cache_dir()):
+    value, default = os.environ.get(CACHE_ENV), _torch_default_cache_dir()
+    if value and not (default and os.path.abspath(value) == os.path.abspath(default)):
         return Path(value), "environment"
     return workdir.parent / CACHE_DIRNAME, "run"
 
