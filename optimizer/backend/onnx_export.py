@@ -9,9 +9,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer.backend.torch_export import dynamic_shapes_for  # shared with torch_aoti.py
+from optimizer.backend.torch_export import dynamic_shapes_for, example_args  # shared with torch_aoti.py
 from optimizer.errors import BackendError
-from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature
 
 if TYPE_CHECKING:
@@ -34,9 +33,7 @@ def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max:
     import torch
 
     module = model.inner_module
-    batch = 2 if signature.batching else 0
-    feed = generate_feed(signature, ShapePoint(batch, "max"), seed=1)
-    args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
+    args = example_args(signature)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters()) if hasattr(module, "parameters") else 0
     external = param_bytes > EXTERNAL_DATA_BYTES
     dynamic = dynamic_shapes_for(signature, batch_max)

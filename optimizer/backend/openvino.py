@@ -52,6 +52,10 @@ class OpenVinoBackend(Backend):
     workflow = frozenset({"aot", "jit"})
     default_settings = {"opset": DEFAULT_OPSET, "performance_hint": "LATENCY"}
 
+    def properties(self) -> dict[str, str]:
+        """compile_model properties of this backend's settings (= the Triton config's parameters, less batch padding)."""
+        return runtime_properties(self.settings["performance_hint"])
+
     def _availability(self, device: str) -> Availability:
         try:
             import openvino as ov
@@ -78,8 +82,7 @@ class OpenVinoBackend(Backend):
         xml = workdir / "model.xml"
         ov.save_model(ir, str(xml), compress_to_fp16=False)  # the default FP16 weight compression breaks FP32 parity
         shutil.rmtree(onnx_dir, ignore_errors=True)
-        precision = _precision_name(core.compile_model(str(xml), DEVICE, runtime_properties(self.settings["performance_hint"]))
-                                    .get_property("INFERENCE_PRECISION_HINT"))
+        precision = _precision_name(core.compile_model(str(xml), DEVICE, self.properties()).get_property("INFERENCE_PRECISION_HINT"))
         note = ""
         if precision != "f32":
             note = (f"OpenVINO computes in {precision} on this CPU (its default where the CPU supports {precision}); "
@@ -98,17 +101,17 @@ class OpenVinoBackend(Backend):
                 "weights": "f32",
                 "inference_precision": precision,
                 "numerics_note": note,
-                "runtime_properties": runtime_properties(self.settings["performance_hint"]),
+                "runtime_properties": self.properties(),
                 **self.versions(),
             },
             batch_range=batch_range,
         )
 
     def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
-        return OpenVinoRunner(artifact, runtime_properties(self.settings["performance_hint"]))
+        return OpenVinoRunner(artifact, self.properties())
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
-        params = dict(runtime_properties(self.settings["performance_hint"]))
+        params = dict(self.properties())
         if artifact.sig.batching:
             # The backend fixes the batch dimension at max_batch_size (ov::set_batch) and rejects any other
             # total batch ("expected requests with batch size ...") unless it may pad the batch.

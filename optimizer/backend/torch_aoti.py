@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores, device_kind
+from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores, device_kind, first_line
 from optimizer.backend.torch_export import dynamic_shapes_for, example_args
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
@@ -130,7 +130,7 @@ class TorchAOTIBackend(Backend):
             with torch.no_grad():
                 program = torch.export.export(module, args, dynamic_shapes=dynamic)
         except Exception as err:
-            raise BackendError(f"torch.export failed: {_first_line(err)}") from err
+            raise BackendError(f"torch.export failed: {first_line(err)}") from err
         export_s = time.perf_counter() - t0
         cache, chosen_by = inductor_cache_dir(workdir)
         path = workdir / "model.pt2"
@@ -139,7 +139,7 @@ class TorchAOTIBackend(Backend):
             with inductor_cache(cache):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path))
         except Exception as err:
-            raise BackendError(f"AOTInductor compile failed ({compiler()}): {_first_line(err)}") from err
+            raise BackendError(f"AOTInductor compile failed ({compiler()}): {first_line(err)}") from err
         compile_s = time.perf_counter() - t1
         log.info("%s | exported in %.1f s, compiled in %.1f s (Inductor cache %s)", self.name, export_s, compile_s, cache)
         return Artifact(
@@ -182,8 +182,3 @@ class TorchAOTIBackend(Backend):
         import torch
 
         return {"torch": torch.__version__}
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

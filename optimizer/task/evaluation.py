@@ -17,6 +17,7 @@ from typing import Any
 
 from optimizer.backend import backend_named
 from optimizer.backend.base import Artifact
+from optimizer.backend.base import first_line as _first_line
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import ModelSource, load_source
@@ -228,9 +229,3 @@ def evaluate_candidate(payload: dict[str, Any]) -> dict[str, Any]:
 def _failed(cand: Candidate, stage: str, reason: str) -> dict[str, Any]:
     cand.status, cand.stage, cand.reason = "failed", stage, reason
     return cand.to_json()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
