@@ -22,6 +22,7 @@ from optimizer.report.json_report import write_report
 from optimizer.report.markdown import write_report_files
 from optimizer.settings import ExportSettings
 from optimizer.task.cache import ArtifactCache, default_cache_dir
+from optimizer.task.correctness import parse_tolerances
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
 from optimizer.triton.publish import PublishOptions, check_options, publish
@@ -92,6 +93,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     t0 = time.perf_counter()
     # 1. everything that can be checked without loading the model
     specs, ranges, output_names = parse_model_options(settings)
+    tolerances = parse_tolerances(settings.tolerance)
     strategy = build_strategy(settings)
     if settings.device != "cpu" and not settings.device.startswith("cuda"):
         raise SettingsError(f"--device {settings.device!r} is not cpu or cuda[:N].")
@@ -148,6 +150,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         profile_timeout_s=settings.profile_timeout_s,
         time_budget_s=settings.time_budget_s,
         profile=ProfileSettings(),
+        tolerances=tolerances,
         state_dict=state_dict,
         on_event=on_event,
         cache=ArtifactCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()) if settings.cache else None,

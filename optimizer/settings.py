@@ -46,6 +46,7 @@ class ExportSettings:
     workflow: str = _opt("aot", "--workflow", "aot: search the max batch size; jit: measure only the batch sizes recorded in --samples.", choices=("aot", "jit"), group="Tuning")
     device: str = _opt("cpu", "--device", "Where to tune and serve: cpu or cuda[:N].", metavar="DEVICE", group="Tuning")
     precision: str = _opt("fp32", "--precision", "Compute precision of the candidates (fp16/bf16 need --device cuda and are put into the exported graph; CPU candidates run fp32 only). Outputs are compared with the fp32 reference at the precision's tolerance.", choices=("fp32", "fp16", "bf16"), group="Tuning")
+    tolerance: list[str] = _opt([], "--tolerance", "Accept this error against the reference: ATOL[,RTOL] for every output, or NAME=ATOL[,RTOL] for one (default per dtype: fp32 1e-4,1e-4). Repeatable.", multiple=True, metavar="[NAME=]ATOL[,RTOL]", group="Tuning")
     eager_gate: str = _opt("enabled", "--eager-gate", "enabled: a winner must beat eager PyTorch (else the best deployable one is published with a warning); diagnostic: report only; disabled: do not measure eager.", choices=("enabled", "diagnostic", "disabled"), group="Tuning")
     max_batch_size: str = _opt("auto", "--max-batch-size", "The largest batch to publish: a number, or auto to search it per candidate.", metavar="N|auto", group="Measurement")
     latency_budget_ms: float | None = _opt(None, "--latency-budget-ms", "Latency budget per request in milliseconds (at --percentile).", metavar="MS", group="Measurement")

@@ -79,3 +79,24 @@ def test_data_dependent_control_flow_is_a_failed_check_with_reasons(in_tmp: Path
     assert "no candidate can be published" in line
     assert "torchscript[cpu]: failed" in line and "onnxruntime[cpu]: failed" in line
     assert not (in_tmp / "model_repository").exists()
+
+
+def test_tolerance_specs_are_checked():
+    from optimizer.errors import SettingsError
+    from optimizer.task.correctness import Tolerance, parse_tolerances
+
+    assert parse_tolerances(["1e-3", "logits=1e-2,1e-1"]) == {"": Tolerance(1e-3, 1e-3), "logits": Tolerance(1e-2, 1e-1)}
+    for bad in ("tiny", "x=-1", "1,2,3", "nan"):
+        with pytest.raises(SettingsError, match="is not \\[NAME=\\]ATOL\\[,RTOL\\]"):
+            parse_tolerances([bad])
+
+
+@pytest.mark.slow
+def test_a_looser_tolerance_admits_a_candidate_and_is_recorded(in_tmp: Path):
+    r = run_cli("export", "tests.fixtures.models:differs_when_exported", "--backend", "onnxruntime", "--tolerance", "10",
+                "--max-batch-size", "2", "--eager-gate", "disabled", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    result = json.loads((in_tmp / "aitune-reports" / "differs_when_exported" / "report.json").read_text())["result"]
+    assert result["selected"] == "onnxruntime[cpu]" and result["tolerances"] == {"": [10.0, 10.0]}

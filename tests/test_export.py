@@ -10,6 +10,7 @@ import pytest
 
 from optimizer.backend import backend_named
 from optimizer.backend.base import Artifact
+from optimizer.backend.triton_platforms import PLATFORMS
 from optimizer.model.reference import run_reference
 from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature
@@ -64,7 +65,7 @@ def test_bundled_example_end_to_end(in_tmp: Path):
         if cand["status"] == "passed":
             assert cand["correctness"]["passed"] and cand["decision"]["profiles"]
             assert cand["correctness"]["max_abs"] < 1e-3
-    platform_file = {"onnxruntime_onnx": "model.onnx", "pytorch_libtorch": "model.pt"}[config.platform]
+    platform_file = next(p.model_filename for p in PLATFORMS.values() if (p.platform or p.backend) == (config.platform or config.backend))
     published = model_dir / "1" / platform_file
     assert published.exists()
     _matches_eager("optimizer.examples.cnn:build", published, report, [ShapePoint(1, "max"), ShapePoint(7, "max")])

@@ -42,7 +42,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "pytorch_libtorch": {"parameters": {"INFERENCE_MODE": True, "DISABLE_OPTIMIZED_EXECUTION": False, "INTRA_OP_THREAD_COUNT": 2}},
     "torch_aoti": {"parameters": {"INFERENCE_MODE": True}},
     "tensorrt_plan": {"cuda_graphs": True, "profiles": ["0"], "parameters": {"execution_context_allocation_strategy": "ON_PROFILE_CHANGE"}},
-    "openvino": {"parameters": {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": 2}},
+    "openvino": {"parameters": {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": 2, "NUM_STREAMS": 1, "ENABLE_BATCH_PADDING": "YES"}},
 }
 AOTI_IO = {"inputs": (tensor("INPUT__0", "float32", "3x8x8"),), "outputs": (tensor("OUTPUT__0", "float32", "10"),)}
 
@@ -328,6 +328,12 @@ CASES: list[tuple[str, str, str, Callable[[Any], Any] | None, ArtifactFacts, str
      "input 'image' is not addressable in a torch_aoti model: the PyTorch backend names inputs INPUT__<index>, ARGS[<i>] or KWARGS[<name>]"),
     ("torch_aoti_names", "output", "torch_aoti", lambda c: setattr(_io(c, "output"), "name", "output__0"), OK_FACTS,
      "output 'output__0' is not addressable in a torch_aoti model: the PyTorch backend names outputs OUTPUT__<index> or RESULT[...]"),
+    ("openvino", "no_padding", "openvino", lambda c: c.parameters.pop("ENABLE_BATCH_PADDING"), OK_FACTS,
+     "expected requests with batch size '8'"),
+    ("openvino", "gpu", "openvino", lambda c: setattr(c.instance_group[0], "kind", 1), OK_FACTS,
+     "unable to load model 'm', Triton openVINO backend supports only CPU device"),
+    ("openvino", "streams", "openvino", lambda c: c.parameters["NUM_STREAMS"].__setattr__("string_value", "many"), OK_FACTS,
+     "expected the parameter 'NUM_STREAMS' to be either AUTO/NUMA/<int_value>, got many"),
     ("tensorrt_engine", "max_batch", "tensorrt_plan", None, _facts(engine_max_batch=4),
      "configuration specified max-batch 8 but TensorRT engine only supports max-batch 4"),
 ]
@@ -476,3 +482,12 @@ def test_every_version_policy_renders(tmp_path: Path, policy: dict, field: str):
     assert config.version_policy.WhichOneof("policy_choice") == field
     if field == "specific":
         assert list(config.version_policy.specific.versions) == [2, 3]
+
+
+def test_torch_aoti_configs_address_tensors_by_position(tmp_path: Path):
+    """The PyTorch backend reads torch_aoti tensors as INPUT__<i> / OUTPUT__<i>, whatever forward() calls them."""
+    result = make_result(tmp_path, "torch_aoti", triton_settings=SETTINGS["torch_aoti"])  # forward names: image -> output__0
+    text, files, _ = render_config(result, PublishOptions(tmp_path / "repo", "m", warmup=True), state())
+    config = parse(text)
+    assert [t.name for t in config.input] == ["INPUT__0"] and [t.name for t in config.output] == ["OUTPUT__0"]
+    assert "warmup/INPUT__0.data" in files and all(w.inputs.keys() == {"INPUT__0"} for w in config.model_warmup)

@@ -167,7 +167,8 @@ def test_missing_artifact_is_a_clear_error(tmp_path: Path):
 
 
 def test_companion_files_follow_the_model_file_name(tmp_path: Path):
-    result = make_result(tmp_path / "run", "openvino", files=["encoder.xml", "encoder.bin"])
+    result = make_result(tmp_path / "run", "openvino", files=["encoder.xml", "encoder.bin"],
+                         triton_settings={"parameters": {"ENABLE_BATCH_PADDING": "YES"}})
     publish(result, opts(tmp_path / "repo"))
     assert sorted(p.name for p in (tmp_path / "repo" / "m" / "1").iterdir()) == ["model.bin", "model.xml"]
 

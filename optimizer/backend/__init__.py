@@ -7,7 +7,9 @@ from types import MappingProxyType
 from optimizer.backend.base import Artifact, Availability, Backend, Runner
 from optimizer.backend.onnxruntime import OnnxRuntimeBackend
 from optimizer.backend.onnxruntime_trt import OnnxRuntimeTensorRTBackend
+from optimizer.backend.openvino import OpenVinoBackend
 from optimizer.backend.tensorrt import TensorRTBackend
+from optimizer.backend.torch_aoti import TorchAOTIBackend
 from optimizer.backend.torch_eager import TorchEagerBackend
 from optimizer.backend.torchscript import TorchScriptBackend
 from optimizer.errors import SettingsError
@@ -19,6 +21,8 @@ BACKENDS: MappingProxyType[str, type[Backend]] = MappingProxyType(
             TorchEagerBackend,
             TorchScriptBackend,
             OnnxRuntimeBackend,
+            OpenVinoBackend,
+            TorchAOTIBackend,
             TensorRTBackend,
             OnnxRuntimeTensorRTBackend,
         )

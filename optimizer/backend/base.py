@@ -37,6 +37,13 @@ def device_kind(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+def first_line(err: BaseException) -> str:
+    """An exception as one line for a candidate's reason: its type and the first line of its message."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
 @dataclass(frozen=True)
 class Availability:
     """Whether a backend can run on a device here; `reason` is one sentence when it cannot."""

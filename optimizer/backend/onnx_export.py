@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optimizer.backend.torch_export import dynamic_shapes_for, example_args  # shared with torch_aoti.py
 from optimizer.errors import BackendError
-from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature
 
 if TYPE_CHECKING:
@@ -26,27 +26,6 @@ BF16_MIN_OPSET = 22
 
 EXTERNAL_DATA_BYTES = 1_800_000_000
 """Above this many parameter bytes the weights go to model.onnx.data (protobuf's 2 GB limit)."""
-
-
-def dynamic_shapes_for(signature: Signature, batch_max: int) -> dict[str, dict[int, Any]]:
-    """torch.export Dims for every dynamic axis; axes with the same position and range share one Dim
-    (a sequence axis that input_ids and attention_mask must agree on)."""
-    from torch.export import Dim
-
-    shared: dict[tuple[int, int, int], Any] = {}
-    batch = Dim("batch", min=1, max=max(batch_max, 2)) if signature.batching else None
-    shapes: dict[str, dict[int, Any]] = {}
-    offset = 1 if signature.batching else 0
-    for spec in signature.inputs:
-        axes: dict[int, Any] = {0: batch} if batch is not None else {}
-        for i in spec.dynamic_axes:
-            a = spec.axes[i]
-            key = (i, a.min, a.max)
-            if key not in shared:
-                shared[key] = Dim(f"axis{i + offset}_{a.min}_{a.max}", min=a.min, max=a.max)
-            axes[i + offset] = shared[key]
-        shapes[spec.name] = axes
-    return shapes
 
 
 def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max: int, opset: int = DEFAULT_OPSET,
@@ -69,9 +48,7 @@ def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max:
     from optimizer.backend.precision import reduced_precision_module
 
     module = reduced_precision_module(model.inner_module, precision)
-    batch = 2 if signature.batching else 0
-    feed = generate_feed(signature, ShapePoint(batch, "max"), seed=1)
-    args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
+    args = example_args(signature)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters()) if hasattr(module, "parameters") else 0
     external = param_bytes > EXTERNAL_DATA_BYTES
     dynamic: Any = dynamic_shapes_for(signature, batch_max)

@@ -20,6 +20,7 @@ class TritonPlatform:
     model_filename: str  # default file in the version directory
     libtorch_io_names: bool  # outputs must be named <name>__<i>
     gpu_only: bool  # cannot run on KIND_CPU
+    positional_io: bool = False  # the backend addresses tensors by position: INPUT__<i> / OUTPUT__<i>
 
 
 PLATFORMS: MappingProxyType[str, TritonPlatform] = MappingProxyType(
@@ -28,7 +29,7 @@ PLATFORMS: MappingProxyType[str, TritonPlatform] = MappingProxyType(
         for p in (
             TritonPlatform("onnxruntime_onnx", "onnxruntime_onnx", "onnxruntime", "model.onnx", False, False),
             TritonPlatform("pytorch_libtorch", "pytorch_libtorch", "pytorch", "model.pt", True, False),
-            TritonPlatform("torch_aoti", "torch_aoti", "pytorch", "model.pt2", False, False),
+            TritonPlatform("torch_aoti", "torch_aoti", "pytorch", "model.pt2", False, False, positional_io=True),
             TritonPlatform("tensorrt_plan", "tensorrt_plan", "tensorrt", "model.plan", False, True),
             TritonPlatform("openvino", None, "openvino", "model.xml", False, False),
         )

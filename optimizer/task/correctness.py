@@ -53,6 +53,23 @@ def precision_tolerances(signature: Any, precision: str, overrides: dict[str, To
     return {**reduced, **overrides}
 
 
+def parse_tolerances(specs: list[str]) -> dict[str, Tolerance]:
+    """--tolerance values: "ATOL[,RTOL]" for every output (key ""), "NAME=ATOL[,RTOL]" for one; RTOL defaults to ATOL."""
+    from optimizer.errors import SettingsError
+
+    out: dict[str, Tolerance] = {}
+    for spec in specs:
+        name, _, numbers = spec.rpartition("=")
+        try:
+            values = [float(v) for v in numbers.split(",")]
+            if not 1 <= len(values) <= 2 or any(v < 0 or v != v for v in values):
+                raise ValueError
+        except ValueError:
+            raise SettingsError(f"--tolerance {spec!r} is not [NAME=]ATOL[,RTOL] with non-negative numbers; e.g. 1e-3 or logits=1e-3,1e-2.") from None
+        out[name.strip()] = Tolerance(values[0], values[-1])
+    return out
+
+
 def tolerance_for(dtype: str, name: str, overrides: dict[str, Tolerance] | None = None) -> Tolerance:
     """Per-output override first (key = output name), then the "" default override, then the per-dtype default."""
     overrides = overrides or {}

@@ -20,6 +20,7 @@ from typing import Any
 
 from optimizer.backend import backend_named
 from optimizer.backend.base import Artifact
+from optimizer.backend.base import first_line
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, ModelSource, load_source
@@ -191,7 +192,8 @@ def build_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         runner.__exit__(None, None, None)
     cand.correctness = report
     if not report.passed:
-        return _failed(cand, "correctness", f"rejected: {report.reason}")
+        note = artifact.metadata.get("numerics_note")  # e.g. a runtime that computes below fp32 on this CPU
+        return _failed(cand, "correctness", f"rejected: {report.reason}" + (f"; {note}" if note else ""))
     log.info("%s | correct (max abs %.2g, max rel %.2g)", cand.name, report.max_abs, report.max_rel)
     cand.status, cand.stage = "built", ""
     return cand.to_json()
@@ -278,10 +280,3 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
 def _failed(cand: Candidate, stage: str, reason: str) -> dict[str, Any]:
     cand.status, cand.stage, cand.reason = "failed", stage, reason
     return cand.to_json()
-
-
-def first_line(err: BaseException) -> str:
-    """`Type: first line of the message`, for a one-line reason."""
-    text = str(err).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__

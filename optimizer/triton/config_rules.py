@@ -501,6 +501,40 @@ def _tensorrt(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
 # -- running the rules ---------------------------------------------------------------------------
 
 
+_OV_VALUES = MappingProxyType({
+    "NUM_STREAMS": ("either AUTO/NUMA/<int_value>", lambda v: v in ("auto", "numa") or v.isdigit()),
+    "COMPILATION_NUM_THREADS": ("a non-negative number", str.isdigit),
+    "HINT_BF16": ("YES", lambda v: v == "yes"),
+})
+"""openvino parameters whose values PARAMETER_TYPES cannot describe: the backend's wording and the check (lower-cased)."""
+
+
+@rule("openvino")
+def _openvino(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    from tritonclient.grpc import model_config_pb2
+
+    if _backend_of(config) != "openvino":
+        return []
+    out = []
+    if not config.input or not config.output:
+        out.append(RuleViolation("openvino", OPENVINO, "the openvino backend does not auto-complete the configuration",
+                                 "list every input and output"))
+    for i, g in enumerate(config.instance_group):
+        kind = model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)
+        if kind != "KIND_CPU":
+            out.append(RuleViolation("openvino", OPENVINO, f"unable to load model '{config.name}', Triton openVINO backend supports only "
+                                     "CPU device", f"instance group {g.name or f'{config.name}_{i}'} has kind {kind}; use KIND_CPU"))
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    for key, (expected, ok) in _OV_VALUES.items():
+        if key in params and params[key] and not ok(params[key].lower()):
+            out.append(RuleViolation("openvino", OPENVINO, f"expected the parameter '{key}' to be {expected}, got {params[key].lower()}"))
+    if config.max_batch_size > 1 and params.get("ENABLE_BATCH_PADDING", "").lower() != "yes":
+        out.append(RuleViolation("openvino", OPENVINO, f"expected requests with batch size '{config.max_batch_size}'",
+                                 f"the backend fixes the batch at max_batch_size {config.max_batch_size}; set the parameter "
+                                 "ENABLE_BATCH_PADDING to YES so smaller batches are padded"))
+    return out
+
+
 def violations(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     """Every broken rule (empty when the config would load)."""
     return [v for fn in RULES.values() for v in fn(config, facts)]

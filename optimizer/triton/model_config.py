@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -241,6 +241,21 @@ def _as_list(value: Any) -> list[dict[str, Any]]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def config_signature(artifact: Artifact) -> tuple[Signature, dict[str, str]]:
+    """The signature as the config names it, and config name -> the artifact's tensor name.
+
+    Platforms that address tensors by position (torch_aoti: the PyTorch backend reads INPUT__<i> /
+    OUTPUT__<i>) get positional names; every other platform keeps the artifact's names.
+    """
+    sig = artifact.sig
+    if artifact.platform is None or not artifact.platform.positional_io:
+        return sig, {n: n for n in sig.input_names + sig.output_names}
+    inputs = tuple(replace(t, name=f"INPUT__{i}") for i, t in enumerate(sig.inputs))
+    outputs = tuple(replace(t, name=f"OUTPUT__{i}") for i, t in enumerate(sig.outputs))
+    mapping = {new.name: old.name for new, old in zip(inputs + outputs, sig.inputs + sig.outputs)}
+    return replace(sig, inputs=inputs, outputs=outputs), mapping
+
+
 def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | None = None,
                version_policy: dict[str, Any] | None = None) -> ConfigSpec:
     """The config of the selected candidate of a tuning result (no I/O: the record is all it needs)."""
@@ -249,13 +264,16 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
     if artifact is None or artifact.platform is None:
         raise PublishError(f"candidate {cand.name} has no publishable artifact; re-run the export.")
     platform = artifact.platform
-    sig = artifact.sig
+    sig, renamed = config_signature(artifact)
     mbs = result.max_batch_size if sig.batching else 0
     settings = dict(artifact.triton_settings)
     parameters = {k: parameter_text(v) for k, v in dict(settings.get("parameters", {})).items()}
     if platform.key == "torch_aoti":
         log.warning("%s | platform torch_aoti needs Triton 26.03 or later; the PyTorch backend's README says batch sizes above 1 "
                     "are not supported for AOTInductor packages yet (max_batch_size %d)", cand.name, mbs)
+    if any(k != v for k, v in renamed.items()):
+        log.warning("%s | %s addresses tensors by position: clients send %s", cand.name, platform.key,
+                    ", ".join(f"{k} (for {v})" for k, v in renamed.items()))
     return ConfigSpec(
         name=name,
         platform=platform.platform,

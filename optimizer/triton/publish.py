@@ -15,7 +15,7 @@ from typing import Any
 from optimizer.errors import PublishError, TemplateError
 from optimizer.model.samples import load_feeds
 from optimizer.triton import config_rules
-from optimizer.triton.model_config import ConfigSpec, TEMPLATE_SUFFIX, build_spec, canonical, parse, render, warmup_entries
+from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, config_signature, canonical, parse, render, warmup_entries
 from optimizer.triton.repository import (
     ModelFiles,
     Published,
@@ -75,7 +75,10 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
         feed_path = Path(result.reference.profile_feed)
         if not feed_path.is_file():
             raise PublishError(f"--warmup needs the run's sample {feed_path}, which is gone; re-run the export or publish with --no-warmup.")
-        warmup, files = warmup_entries(artifact.sig, load_feeds(feed_path)[0], result.max_batch_size)
+        sig, renamed = config_signature(artifact)
+        feed = load_feeds(feed_path)[0]
+        warmup, files = warmup_entries(sig, {config_name: feed[name] for config_name, name in renamed.items() if name in feed},
+                                       result.max_batch_size)
     spec = build_spec(result, options.name, warmup, version_policy_for(state))
     text = render(spec, options.template_dir)
     source = _template_source(spec.template, options.template_dir)

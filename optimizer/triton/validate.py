@@ -27,7 +27,8 @@ from optimizer.events import Event, EventSink, ignore
 from optimizer.errors import RepositoryError, SettingsError, TemplateError, ValidationError
 from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import Feed, load_feeds, tile_feed
-from optimizer.task.correctness import CorrectnessCase, compare_outputs
+from optimizer.backend.triton_platforms import PLATFORMS
+from optimizer.task.correctness import CorrectnessCase, Tolerance, compare_outputs
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.server import LocalTritonServer, ServerHome, find_triton, open_client, prepare_home, triton_message
 
@@ -110,6 +111,9 @@ class ExportReference:
     predicted_throughput: float | None
     predicted_batch: int | None
     predicted_busy: float | None = None  # share of the CPU other processes used while the prediction was measured
+    tolerances: dict[str, Any] = field(default_factory=dict)  # output (or "") -> Tolerance, as the export checked
+    input_names: list[str] = field(default_factory=list)  # the exported tensor names, in order
+    output_names: list[str] = field(default_factory=list)
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
@@ -153,6 +157,9 @@ def load_export_reference(report_path: Path) -> ExportReference:
         predicted_throughput=best["throughput"] if best else None,
         predicted_batch=best["batch_size"] if best else None,
         predicted_busy=best.get("others_cpu_share") if best else None,
+        tolerances={name: Tolerance(*pair) for name, pair in (result.get("tolerances") or {}).items()},
+        input_names=[t["name"] for t in result.get("signature", {}).get("inputs", [])],
+        output_names=[t["name"] for t in result.get("signature", {}).get("outputs", [])],
     )
 
 
@@ -375,7 +382,8 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
                         f"with pip packages, not the native C++ backend" if record.stand_in else "native backend")
     feeds, expected, points = reference_feeds(reference, served)
     for protocol, client in clients.items():
-        record.answers.append(check_answers(client, protocol, target.name, served, feeds, expected, points))
+        record.answers.append(check_answers(client, protocol, target.name, served, feeds, expected, points,
+                                            reference.tolerances if reference is not None else None))
     bad = [a for a in record.answers if not a.passed]
     if bad:
         record.status = "failed"
@@ -462,11 +470,23 @@ def _is_http(client: Any) -> bool:
 
 
 # -- answers -------------------------------------------------------------------------------------
+def served_names(reference: ExportReference, served: dict[str, Any]) -> dict[str, str]:
+    """Exported tensor name -> the name the served config uses (they differ on positional platforms such as torch_aoti)."""
+    platform = PLATFORMS.get(served.get("platform") or served.get("backend") or "")
+    if platform is None or not platform.positional_io:
+        return {}
+    return {**{n: f"INPUT__{i}" for i, n in enumerate(reference.input_names)},
+            **{n: f"OUTPUT__{i}" for i, n in enumerate(reference.output_names)}}
+
+
 def reference_feeds(reference: ExportReference | None, served: dict[str, Any]) -> tuple[list[Feed], list[Feed] | None, list[str]]:
     """The export's feeds and reference outputs, or (no report) one feed made from the config's dims."""
     if reference is not None:
         feeds, outputs = load_feeds(reference.feeds), load_feeds(reference.outputs)
         points = reference.points if len(reference.points) == len(feeds) else [f"sample[{i}]" for i in range(len(feeds))]
+        rename = served_names(reference, served)
+        feeds = [{rename.get(k, k): a for k, a in f.items()} for f in feeds]
+        outputs = [{rename.get(k, k): a for k, a in o.items()} for o in outputs]
         return feeds, outputs, points
     batching = _max_batch(served) > 0
     rng = np.random.default_rng(0)
@@ -507,7 +527,7 @@ def infer_batched(client: Any, name: str, served: dict[str, Any], feed: Feed) ->
 
 
 def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any], feeds: list[Feed],
-                  expected: list[Feed] | None, points: list[str]) -> AnswerCheck:
+                  expected: list[Feed] | None, points: list[str], tolerances: dict[str, Any] | None = None) -> AnswerCheck:
     """Send every saved sample and compare with the eager reference (same tolerances as the optimizer)."""
     from tritonclient.utils import InferenceServerException
 
@@ -529,7 +549,7 @@ def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any],
             if missing:
                 check.passed, check.error = False, f"the served outputs {names} are not the exported ones {sorted(expected[i])}"
                 return check
-            case = compare_outputs(point, names, dtypes, actual, [expected[i][n] for n in names])
+            case = compare_outputs(point, names, dtypes, actual, [expected[i][n] for n in names], tolerances)
         check.cases.append({"point": case.point, "passed": case.passed, "outputs": [asdict(o) for o in case.outputs]})
         finite = [o for o in case.outputs if o.shape_ok]
         check.max_abs = max([check.max_abs, *(o.max_abs for o in finite)])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-AOT = ("torchscript", "onnxruntime")
-"""AOT candidates for an ordinary module, in the order they are tried (FirstWins honours it)."""
+AOT = ("torchscript", "onnxruntime", "openvino", "torch-aoti")
+"""AOT candidates for an ordinary module, in the order they are tried (FirstWins honours it).
+No CPU backend wins everywhere: ORT wins MLPs and CNNs, AOTInductor transformer encoders."""
 
 AOT_DISTRIBUTED = ("torchscript",)
-"""Graph exporters that cannot carry collectives (ONNX, TensorRT) are left out for distributed modules."""
+"""Graph exporters that cannot carry collectives (ONNX, TensorRT, OpenVINO) are left out for distributed modules;
+so is AOTInductor until compiling a DTensor-sharded module is tested."""
 
 AOT_CUDA = ("tensorrt", "onnxruntime-trt")
 """Tried first on a GPU, before the AOT list: the engines users expect to win there (unavailable ones say why)."""

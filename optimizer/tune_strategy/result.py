@@ -35,6 +35,7 @@ class TuneResult:
     latency_budget_ms: float | None = None
     percentile: int = 95
     interrupted: bool = False
+    tolerances: dict[str, list[float]] = field(default_factory=dict)  # the selected candidate's overrides: output (or "") -> [atol, rtol]
 
     @property
     def selected_candidate(self) -> Candidate:

@@ -175,7 +175,17 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             latency_budget_ms=self.latency_budget_ms,
             percentile=self.percentile,
             interrupted=interrupted,
+            tolerances=self._tolerances_of(selected, ctx),
         )
+
+    @staticmethod
+    def _tolerances_of(selected: Candidate | None, ctx: TuneContext) -> dict[str, list[float]]:
+        """The tolerance overrides the selected candidate was checked with (validation reuses them)."""
+        precision = "fp32"
+        if selected is not None and selected.artifact is not None:
+            precision = selected.artifact.metadata.get("precision", ctx.precision)
+        found = precision_tolerances(ctx.signature, precision, ctx.tolerances)
+        return {name: [t.atol, t.rtol] for name, t in found.items()}
 
     def _wants_eager(self, ctx: TuneContext) -> bool:
         return self.eager_gate != "disabled" and ctx.model.format == "torch"

@@ -1,0 +1,191 @@
+"""OpenVINO (Triton backend `openvino`, model.xml + model.bin): the dynamo ONNX export read and saved as FP32 IR.
+
+The runner compiles with exactly the properties the published config carries, so what is checked
+and measured here is what Triton's openvino backend will run. That includes OpenVINO's default
+inference precision: bf16 on CPUs that support it. The backend has no parameter to ask for f32,
+so this runner does not ask for it either, and the correctness check sees the bf16 error.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores
+from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
+from optimizer.errors import BackendError
+from optimizer.model.samples import Feed
+from optimizer.model.signature import Signature
+
+if TYPE_CHECKING:
+    from optimizer.model.source import LoadedModel
+
+log = logging.getLogger(__name__)
+
+PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
+"""PERFORMANCE_HINT values both OpenVINO and Triton's openvino backend accept (the backend also takes CUMULATIVE_THROUGHPUT, for multi-device)."""
+
+DEVICE = "CPU"
+"""Triton's openvino backend runs on the CPU plugin only (instance kind KIND_CPU)."""
+
+def runtime_properties(performance_hint: str) -> dict[str, str]:
+    """compile_model properties, spelled as Triton's openvino backend parameters (the config carries the same dict).
+
+    One stream and the LATENCY hint match how a Triton instance calls the model: one synchronous
+    request at a time; more streams would only idle. Threads are the cores this process may use.
+    """
+    return {"INFERENCE_NUM_THREADS": str(cpu_cores()), "NUM_STREAMS": "1", "PERFORMANCE_HINT": performance_hint}
+
+
+class OpenVinoBackend(Backend):
+    """Exports ONNX (or takes an ONNX source), converts it to OpenVINO IR with FP32 weights and runs it on the CPU plugin."""
+
+    name = "openvino"
+    triton_platform = "openvino"
+    devices = frozenset({"cpu"})
+    consumes = frozenset({"torch", "onnx"})
+    distributed_ok = False
+    workflow = frozenset({"aot", "jit"})
+    default_settings = {"opset": DEFAULT_OPSET, "performance_hint": "LATENCY"}
+
+    def properties(self) -> dict[str, str]:
+        """compile_model properties of this backend's settings (= the Triton config's parameters, less batch padding)."""
+        return runtime_properties(self.settings["performance_hint"])
+
+    def _availability(self, device: str) -> Availability:
+        try:
+            import openvino as ov
+        except Exception as err:  # installed is not the same as importable
+            return Availability(False, f"openvino cannot be imported: {err}")
+        if self.settings["performance_hint"] not in PERFORMANCE_HINTS:
+            return Availability(False, f"performance_hint {self.settings['performance_hint']!r} is not one of {', '.join(PERFORMANCE_HINTS)}.")
+        have = ov.Core().available_devices
+        return Availability(DEVICE in have, "" if DEVICE in have else f"OpenVINO has no CPU plugin here (has: {', '.join(have) or 'none'}).")
+
+    def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
+        import openvino as ov
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        onnx_dir = workdir / "onnx"  # intermediate, removed once the IR is written
+        meta = export_onnx(model, signature, onnx_dir / "model.onnx", batch_range[1], self.settings["opset"])
+        core = ov.Core()
+        try:
+            ir = core.read_model(str(onnx_dir / "model.onnx"))
+        except Exception as err:
+            raise BackendError(f"OpenVINO could not read the exported ONNX: {_first_line(err)}") from err
+        _name_tensors(ir, signature)
+        _check_dynamic_axes(ir, signature)
+        xml = workdir / "model.xml"
+        ov.save_model(ir, str(xml), compress_to_fp16=False)  # the default FP16 weight compression breaks FP32 parity
+        shutil.rmtree(onnx_dir, ignore_errors=True)
+        precision = _precision_name(core.compile_model(str(xml), DEVICE, self.properties()).get_property("INFERENCE_PRECISION_HINT"))
+        note = ""
+        if precision != "f32":
+            note = (f"OpenVINO computes in {precision} on this CPU (its default where the CPU supports {precision}); "
+                    f"Triton's openvino backend has no parameter to request f32, so the check runs in {precision} too")
+            log.warning("%s | %s", self.name, note)
+        return Artifact(
+            backend=self.name,
+            device=device,
+            directory=str(workdir),
+            files=["model.xml", "model.bin"],  # model.xml first: publish names files[0] after the platform's model file
+            signature=signature.to_json(),
+            triton_platform=self.triton_platform,
+            metadata={
+                "exporter": f"{meta['exporter']} + openvino.save_model(compress_to_fp16=False)",
+                "opset": meta["opset"],
+                "weights": "f32",
+                "inference_precision": precision,
+                "numerics_note": note,
+                "runtime_properties": self.properties(),
+                **self.versions(),
+            },
+            batch_range=batch_range,
+        )
+
+    def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
+        return OpenVinoRunner(artifact, self.properties())
+
+    def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
+        params = dict(self.properties())
+        if artifact.sig.batching:
+            # The backend fixes the batch dimension at max_batch_size (ov::set_batch) and rejects any other
+            # total batch ("expected requests with batch size ...") unless it may pad the batch.
+            params["ENABLE_BATCH_PADDING"] = "YES"
+        return {"parameters": params}
+
+    def versions(self) -> dict[str, str]:
+        import openvino as ov
+
+        return {"openvino": ov.__version__.split("-")[0]}
+
+
+class OpenVinoRunner(Runner):
+    """One compiled model and one infer request, with the properties the Triton config carries."""
+
+    def __init__(self, artifact: Artifact, properties: dict[str, str]) -> None:
+        super().__init__(artifact.sig)
+        self._path = artifact.path
+        self._properties = properties
+        self._compiled: Any = None
+        self._request: Any = None
+        self._outputs: list[Any] = []
+
+    def _activate(self) -> None:
+        import openvino as ov
+
+        try:
+            self._compiled = ov.Core().compile_model(str(self._path), DEVICE, self._properties)
+        except Exception as err:
+            raise BackendError(f"OpenVINO could not compile {self._path.name}: {_first_line(err)}") from err
+        self._request = self._compiled.create_infer_request()
+        self._outputs = [self._compiled.output(name) for name in self.signature.output_names]
+
+    def _deactivate(self) -> None:
+        self._request = self._compiled = None
+        self._outputs = []
+
+    def _run(self, feed: Feed) -> list[np.ndarray]:
+        result = self._request.infer(feed, share_inputs=True)  # outputs are copied (share_outputs=False)
+        return [result[port] for port in self._outputs]
+
+
+def _name_tensors(ir: Any, signature: Signature) -> None:
+    """Give every IR input and output exactly its signature name (Triton's backend matches get_any_name())."""
+    if len(ir.inputs) != len(signature.inputs) or len(ir.outputs) != len(signature.outputs):
+        raise BackendError(
+            f"the OpenVINO model has {len(ir.inputs)} inputs and {len(ir.outputs)} outputs, "
+            f"the signature {len(signature.inputs)} and {len(signature.outputs)}."
+        )
+    for port, spec in zip(ir.inputs, signature.inputs):
+        if spec.name not in port.get_names():
+            raise BackendError(f"OpenVINO input {sorted(port.get_names())} is not {spec.name!r}; inputs must keep the forward() names.")
+        port.get_tensor().set_names({spec.name})
+    for port, spec in zip(ir.outputs, signature.outputs):
+        port.get_tensor().set_names({spec.name})
+
+
+def _check_dynamic_axes(ir: Any, signature: Signature) -> None:
+    """Every axis the signature says varies (and the batch axis) must be dynamic in the IR: a baked size fails here, not in Triton."""
+    offset = 1 if signature.batching else 0
+    for port, spec in zip(ir.inputs, signature.inputs):
+        shape = port.get_partial_shape()
+        varying = ([0] if signature.batching else []) + [i + offset for i in spec.dynamic_axes]
+        baked = [i for i in varying if i < len(shape) and shape[i].is_static]
+        if baked:
+            raise BackendError(f"OpenVINO input {spec.name!r} has shape {shape}; axes {baked} should be dynamic but are fixed.")
+
+
+def _precision_name(value: Any) -> str:
+    """OpenVINO's element type as its short name ("f32", "bf16")."""
+    return value.to_string() if hasattr(value, "to_string") else str(value)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    lines = [l for l in text.splitlines() if l.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}".rstrip(": ")

@@ -1,0 +1,45 @@
+"""torch.export inputs shared by every exporter: dynamic Dims from the signature and the example arguments.
+
+The ONNX exporter (onnx_export.py), AOTInductor (torch_aoti.py) and anything else built on
+torch.export take their dynamic axes from here, so one signature always means one set of Dims.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimizer.model.samples import ShapePoint, generate_feed
+from optimizer.model.signature import Signature
+
+EXAMPLE_BATCH = 2
+"""Batch of the example arguments: 1 would let torch.export specialize the batch axis (0/1 specialization)."""
+
+
+def dynamic_shapes_for(signature: Signature, batch_max: int) -> dict[str, dict[int, Any]]:
+    """torch.export Dims for every dynamic axis; axes with the same position and range share one Dim
+    (a sequence axis that input_ids and attention_mask must agree on)."""
+    from torch.export import Dim
+
+    shared: dict[tuple[int, int, int], Any] = {}
+    batch = Dim("batch", min=1, max=max(batch_max, 2)) if signature.batching else None
+    shapes: dict[str, dict[int, Any]] = {}
+    offset = 1 if signature.batching else 0
+    for spec in signature.inputs:
+        axes: dict[int, Any] = {0: batch} if batch is not None else {}
+        for i in spec.dynamic_axes:
+            a = spec.axes[i]
+            key = (i, a.min, a.max)
+            if key not in shared:
+                shared[key] = Dim(f"axis{i + offset}_{a.min}_{a.max}", min=a.min, max=a.max)
+            axes[i + offset] = shared[key]
+        shapes[spec.name] = axes
+    return shapes
+
+
+def example_args(signature: Signature, device: str = "cpu") -> tuple[Any, ...]:
+    """Example tensors in forward() order: batch 2 (when batching) at the max of every dynamic axis, on `device`."""
+    import torch
+
+    feed = generate_feed(signature, ShapePoint(EXAMPLE_BATCH if signature.batching else 0, "max"), seed=1)
+    args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
+    return args if device == "cpu" else tuple(a.to(device) for a in args)
