@@ -6,6 +6,7 @@ publishers (tests/publisher_child.py) and stop them at the repository's named ch
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import json
@@ -18,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from optimizer.model.samples import save_feeds
 from optimizer.errors import ConfigRuleError, PublishError, TemplateError
 from optimizer.report.json_report import write_report
 from optimizer.settings import ExportSettings
@@ -386,3 +389,14 @@ def test_export_stops_on_a_template_error_keeps_the_report_and_publish_finishes_
     assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 2
     assert [w.batch_size for w in config.model_warmup] == [1, 2] and (model / "warmup").is_dir()
     assert (model / "1" / "model.onnx").is_file() and (tmp_path / "report" / "model_analyzer.yaml").is_file()
+
+
+def test_perf_analyzer_input_of_real_samples_lands_beside_the_report(tmp_path: Path):
+    result = make_result(tmp_path / "run")
+    save_feeds(Path(result.reference.feeds), [{"image": np.ones((3, 3, 8, 8), np.float32)}])
+    published = publish(result, opts(tmp_path / "repo", report_dir=tmp_path / "report"))
+    doc = json.loads(Path(published.perf_analyzer_input).read_text())
+    assert Path(published.perf_analyzer_input).parent == tmp_path / "report"
+    assert len(doc["data"]) == 3 and doc["data"][0]["image"]["shape"] == [3, 8, 8]
+    assert base64.b64decode(doc["data"][0]["image"]["content"]["b64"]) == np.ones((3, 8, 8), np.float32).tobytes()
+    assert not any(p.name.endswith(".json") for p in (tmp_path / "repo").rglob("*"))

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 class PublishOptions:
     """Where and how to publish (--repository, --name, --version, --overwrite, --warmup, --template-dir).
 
-    `report_dir`, when set, receives the Model Analyzer config (model_analyzer.yaml).
+    `report_dir`, when set, receives the Model Analyzer config (model_analyzer.yaml) and perf_analyzer's
+    input data of the run's real samples (perf_analyzer_input.json).
     """
 
     repository: Path
@@ -156,7 +157,21 @@ def publish(result: TuneResult, options: PublishOptions) -> Published:
 
         path = write_model_analyzer_config(options.report_dir, published, result, spec)
         published.model_analyzer_config = str(path)
+        published.perf_analyzer_input = _write_perf_analyzer_input(options.report_dir, result)
     return published
+
+
+def _write_perf_analyzer_input(report_dir: Path, result: TuneResult) -> str | None:
+    """perf_analyzer's --input-data of the run's real samples (one batch-1 entry per sample), beside the report."""
+    from optimizer.triton.perf_analyzer import write_input_data
+
+    feeds_path = Path(result.reference.feeds)
+    if not feeds_path.is_file():
+        return None
+    sig, renamed = config_signature(result.selected_candidate.artifact)
+    back = {original: config_name for config_name, original in renamed.items()}
+    feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in load_feeds(feeds_path)]
+    return str(write_input_data(report_dir / "perf_analyzer_input.json", feeds, sig.batching))
 
 
 def republish(report: Path, repository: Path | None = None, name: str | None = None, version: int | None = None,

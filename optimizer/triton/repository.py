@@ -309,11 +309,13 @@ class Published:
     versions: list[int] = field(default_factory=list)
     config: dict[str, Any] | None = None  # the ConfigSpec (with the dynamic batching derivation)
     model_analyzer_config: str | None = None
+    perf_analyzer_input: str | None = None  # --input-data JSON of the run's real samples, in the config's tensor names
 
     def to_json(self) -> dict[str, Any]:
         """The record report.json keeps under "published"."""
         return {"model_dir": str(self.model_dir), "version": self.version, "replaced": self.replaced, "versions": self.versions,
-                "config": self.config, "model_analyzer_config": self.model_analyzer_config}
+                "config": self.config, "model_analyzer_config": self.model_analyzer_config,
+                "perf_analyzer_input": self.perf_analyzer_input}
 
 
 def publish_model(repository: Path, name: str, build: Callable[[RepositoryState], ModelFiles], version: int | None,
