@@ -308,7 +308,7 @@ def test_two_publishers_into_one_repository_run_one_after_the_other(tmp_path: Pa
     assert first.wait(timeout=60) == 0, first.stderr.read()
     assert second.wait(timeout=60) == 0, second.stderr.read()
     events = log.read_text().splitlines()
-    assert events.index("P1 done") < events.index("P2 locked")
+    assert events.index("P1 swapped") < events.index("P2 locked")  # P1 finished its swap (its last step under the lock) first
     assert sorted(p.name for p in (repo / "m").iterdir()) == ["1", "2", "3", "config.pbtxt", "warmup"]
     # P2 built its config under the lock, from the repository P1 had just changed
     assert "versions after publishing: [1, 2, 3]" in (repo / "m" / "config.pbtxt").read_text()

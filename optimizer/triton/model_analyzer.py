@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimizer.backend.base import cpu_cores
+from optimizer.triton.model_config import config_signature
 
 if TYPE_CHECKING:
     from optimizer.triton.model_config import ConfigSpec
@@ -65,7 +66,7 @@ def _pow2_at_least(n: int) -> int:
 def _shapes(spec: ConfigSpec, result: TuneResult) -> list[str]:
     """perf_analyzer --shape for inputs with -1 dims, at the largest size of each dynamic axis (as measured)."""
     artifact = result.selected_candidate.artifact
-    sig = artifact.sig if artifact is not None else None
+    sig = config_signature(artifact)[0] if artifact is not None else None  # the config's tensor names
     out = []
     for entry in spec.inputs:
         if -1 not in entry.dims or sig is None:
