@@ -1,33 +1,36 @@
 """A second identical export must reuse builds and measurements: time both runs side by side.
 
+Each run is a fresh `aitune-export export` process, as a user (or CI) would start it, so the second
+one pays Python start-up, the torch import and loading the model, and only those.
+
 Usage: .venv/bin/python benchmarks/cache_speedup.py [MODEL]
 Ends with: cache_speedup first=<s> second=<s> ratio=<r>
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from optimizer.export import export
-from optimizer.settings import ExportSettings
-
 
 def main() -> None:
-    model = sys.argv[1] if len(sys.argv) > 1 else None
+    model = sys.argv[1:2]
     with tempfile.TemporaryDirectory(prefix="cache_speedup-") as tmp:
         root = Path(tmp)
         times = []
         for run in range(2):
-            settings = ExportSettings(model=model, repository=str(root / "repo"), report_dir=str(root / "report"),
-                                      cache_dir=str(root / "cache"), overwrite=True)
+            cmd = [sys.executable, "-m", "optimizer.cli", "-q", "export", *model, "--repository", str(root / "repo"),
+                   "--report-dir", str(root / "report"), "--cache-dir", str(root / "cache"), "--overwrite"]
             t0 = time.perf_counter()
-            outcome = export(settings)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             times.append(time.perf_counter() - t0)
-            reused = {c.name: c.cached or "-" for c in outcome.result.candidates}
-            print(f"run {run + 1}: {times[-1]:.1f} s, selected {outcome.result.selected}, reused: {reused}")
+            result = json.loads((root / "report" / "report.json").read_text())["result"]
+            reused = {c["name"]: c["cached"] or "-" for c in result["candidates"]}
+            print(f"run {run + 1}: {times[-1]:.1f} s, selected {result['selected']}, reused: {reused}")
     print(f"cache_speedup first={times[0]:.1f} second={times[1]:.1f} ratio={times[0] / times[1]:.1f}")
 
 

@@ -108,9 +108,10 @@ class ArtifactCache:
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def measure_key(self, backend: Backend, ctx: TuneContext, policy: BatchPolicy, memory_budget_mb: float | None) -> str:
+        # the budget in whole GiB: "auto" is a share of the memory available right now, which drifts between runs
         blob = json.dumps({"build": self.build_key(backend, ctx, policy.cap), "policy": policy.to_json(),
                            "profile": asdict(ctx.profile), "machine": machine_fingerprint(),
-                           "memory_budget_mb": round(memory_budget_mb or 0)}, sort_keys=True)
+                           "memory_budget_gib": round((memory_budget_mb or 0) / 1024)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     # -- builds -------------------------------------------------------------------------------
@@ -119,6 +120,13 @@ class ArtifactCache:
         cand = self._read(entry / "candidate.json")
         if cand is None or cand.artifact is None:
             return None
+        if cand.status == "failed":  # a correctness rejection on this machine: the same build would fail the same way
+            if cand.versions.get("machine") != machine_fingerprint():
+                return None
+            cand.cached = "build"
+            cand.artifact.directory = str(entry / "artifact")
+            log.info("%s | reusing the cached correctness rejection %s", cand.name, entry.name)
+            return cand
         cand.artifact.directory = str(entry / "artifact")
         if not all((entry / "artifact" / f).exists() for f in cand.artifact.files):
             return None
@@ -127,16 +135,24 @@ class ArtifactCache:
         return cand
 
     def store_build(self, backend: Backend, ctx: TuneContext, batch_max: int, cand: Candidate) -> None:
+        """Keep a built, correct candidate, or a correctness rejection (deterministic on this machine: the
+        numerics of a runtime can depend on the CPU). Crashes, timeouts and build errors are retried next time."""
         if cand.artifact is None:
+            return
+        rejected = cand.status == "failed" and cand.stage == "correctness"
+        if cand.status != "built" and not rejected:
             return
         entry = self.root / "builds" / self.build_key(backend, ctx, batch_max)
 
         def fill(tmp: Path) -> None:
             (tmp / "artifact").mkdir()
-            for f in cand.artifact.files:
-                shutil.copy2(Path(cand.artifact.directory) / f, tmp / "artifact" / f)
+            if not rejected:
+                for f in cand.artifact.files:
+                    shutil.copy2(Path(cand.artifact.directory) / f, tmp / "artifact" / f)
             stored = Candidate.from_json(cand.to_json())
             stored.artifact.directory = str(entry / "artifact")
+            if rejected:
+                stored.versions = {**stored.versions, "machine": machine_fingerprint()}
             (tmp / "candidate.json").write_text(json.dumps(stored.to_json()))
 
         self._write(entry, fill)

@@ -266,7 +266,12 @@ class _CandidateRunner:
         workdir = self._workdir(name)
         cached = ctx.cache.lookup_build(backend, ctx, self.policy.cap) if ctx.cache is not None else None
         if cached is not None:
-            self._step_done("build", name, "reused the cached build (--no-cache rebuilds)")
+            if cached.status == "failed":
+                self._step_done(_PHASE_OF_STAGE.get(cached.stage, "build"), name, f"{cached.reason} (cached; --no-cache retries)", failed=True)
+            else:
+                self._count_step()
+                self._event("build", "done", name, "reused the cached build (--no-cache rebuilds)")
+            self._finish(cached)
             return cached
         job = BuildJob(
             backend=backend.name,
@@ -288,7 +293,7 @@ class _CandidateRunner:
         cand = self._outcome(outcome, watcher, backend, "build", "--build-timeout")
         watcher.emit_new(cand, outcome.seconds)  # steps the child finished after the last poll
         cand.log = str(workdir / "build.log")
-        if cand.status == "built" and ctx.cache is not None:
+        if ctx.cache is not None:
             ctx.cache.store_build(backend, ctx, self.policy.cap, cand)
         if cand.status == "built":
             self._count_step()
