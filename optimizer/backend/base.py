@@ -178,6 +178,7 @@ class Backend:
     distributed_ok: ClassVar[bool] = True  # can carry a distributed module's collectives
     workflow: ClassVar[frozenset[str]] = frozenset({"aot"})
     needs_source_model: ClassVar[bool] = False  # load() runs the source module itself (torch-eager)
+    typical_build_s: ClassVar[float] = 5.0  # a small model's build on 2 CPU cores; the slowest builds start first
     default_settings: ClassVar[dict[str, Any]] = {}
     precisions: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32"})})
     """--precision values each device kind builds; anything else is refused in availability(), never run as fp32."""

@@ -200,6 +200,7 @@ class TensorRTBackend(Backend):
     """Exports model.onnx (precision in the graph), builds model.plan with one profile over 1..max batch."""
 
     name = "tensorrt"
+    typical_build_s = 60.0
     triton_platform = "tensorrt_plan"
     devices = frozenset({"cuda"})
     consumes = frozenset({"torch", "onnx"})

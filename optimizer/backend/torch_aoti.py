@@ -88,6 +88,7 @@ class TorchAOTIBackend(Backend):
     """torch.export (dynamic batch and axes) + torch._inductor.aoti_compile_and_package -> model.pt2."""
 
     name = "torch-aoti"
+    typical_build_s = 30.0
     triton_platform = "torch_aoti"
     devices = frozenset({"cpu", "cuda"})
     consumes = frozenset({"torch"})

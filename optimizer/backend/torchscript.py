@@ -25,6 +25,7 @@ class TorchScriptBackend(Backend):
     """Traces forward() at a mid-size shape (so no axis is specialized to 1), freezes it and saves model.pt."""
 
     name = "torchscript"
+    typical_build_s = 1.0
     triton_platform = "pytorch_libtorch"
     devices = frozenset({"cpu", "cuda"})
     consumes = frozenset({"torch"})

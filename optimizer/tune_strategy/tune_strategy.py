@@ -98,24 +98,7 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             )
         policy = self.batch_policy(ctx.recorded_batch_sizes)
         deadline = time.time() + ctx.time_budget_s if ctx.time_budget_s else None
-        candidates: list[Candidate] = []
-        runnable: list[Backend] = []
-        for b in backends:
-            cand = Candidate(b.candidate_name(ctx.device), b.name, ctx.device)
-            if ctx.model.format not in b.consumes:
-                cand.status, cand.stage = "skipped", "availability"
-                cand.reason = f"{b.name} cannot build from a {ctx.model.format} model (it takes: {', '.join(sorted(b.consumes))})"
-            elif not b.publishable:
-                cand.status, cand.stage, cand.reason = "skipped", "availability", f"{b.name} is a baseline and is never published"
-            else:
-                av = b.availability(ctx.device)
-                if not av:
-                    cand.status, cand.stage, cand.reason = "unavailable", "availability", av.reason
-                else:
-                    runnable.append(b)
-                    continue
-            ctx.on_event(Event("build", "skipped", cand.name, cand.reason))
-            candidates.append(cand)
+        candidates, runnable = self._screen(backends, ctx)
         runner = _CandidateRunner(self, ctx, policy, deadline)
         runner.total = 2 * len(runnable) + (1 if self._wants_eager(ctx) else 0)  # build + measure each, measure eager
         eager = None
@@ -129,23 +112,11 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             built = runner.build_all(runnable)
             for cand in built:
                 candidates.append(runner.measure(cand) if cand.status == "built" else cand)
-        except KeyboardInterrupt:
-            # Ctrl-C or SIGTERM: stop every child, keep what finished, report the rest as interrupted
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop every child, keep what finished
             stop_all_children()
             interrupted = True
-            done = {c.name for c in candidates}
-            for c in runner.finished:
-                if c.name not in done and c.backend != EAGER:
-                    candidates.append(c)
-                    done.add(c.name)
-            for b in runnable:
-                name = b.candidate_name(ctx.device)
-                if name not in done:
-                    candidates.append(Candidate(name, b.name, ctx.device, "skipped", "interrupted", "the run was interrupted first"))
-            for c in candidates:
-                if c.status == "built":
-                    c.status, c.stage, c.reason = "skipped", "interrupted", "built and correct, but the run was interrupted before it was measured"
             eager = next((c for c in runner.finished if c.backend == EAGER), None)
+            candidates = _after_interrupt(candidates, runner.finished, runnable, ctx.device)
         order = {b.name: i for i, b in enumerate(backends)}
         candidates.sort(key=lambda c: order.get(c.backend, len(order)))
         passed = [c for c in candidates if c.passed]
@@ -186,6 +157,27 @@ class TuneStrategy(FindMaxBatchSizeMixin):
             precision = selected.artifact.metadata.get("precision", ctx.precision)
         found = precision_tolerances(ctx.signature, precision, ctx.tolerances)
         return {name: [t.atol, t.rtol] for name, t in found.items()}
+
+    @staticmethod
+    def _screen(backends: Sequence[Backend], ctx: TuneContext) -> tuple[list[Candidate], list[Backend]]:
+        """Candidates that cannot run here (wrong model format, baseline, unavailable) with their reason, and the rest."""
+        screened: list[Candidate] = []
+        runnable: list[Backend] = []
+        for b in backends:
+            cand = Candidate(b.candidate_name(ctx.device), b.name, ctx.device, status="skipped", stage="availability")
+            if ctx.model.format not in b.consumes:
+                cand.reason = f"{b.name} cannot build from a {ctx.model.format} model (it takes: {', '.join(sorted(b.consumes))})"
+            elif not b.publishable:
+                cand.reason = f"{b.name} is a baseline and is never published"
+            else:
+                av = b.availability(ctx.device)
+                if av:
+                    runnable.append(b)
+                    continue
+                cand.status, cand.reason = "unavailable", av.reason
+            ctx.on_event(Event("build", "skipped", cand.name, cand.reason))
+            screened.append(cand)
+        return screened, runnable
 
     def _wants_eager(self, ctx: TuneContext) -> bool:
         return self.eager_gate != "disabled" and ctx.model.format == "torch"
@@ -248,13 +240,19 @@ class _CandidateRunner:
 
     # -- build ------------------------------------------------------------------------------
     def build_all(self, backends: Sequence[Backend]) -> list[Candidate]:
-        """Build (and check) every runnable candidate, up to BUILD_WORKERS_MAX at a time, in candidate order."""
+        """Build (and check) every runnable candidate, up to BUILD_WORKERS_MAX at a time; returned in candidate order.
+
+        The slowest builds (an AOTInductor compile, a TensorRT engine) start first, so the quick ones
+        finish beside them instead of after them.
+        """
         workers = max(1, min(BUILD_WORKERS_MAX, cpu_cores(), len(backends)))
         if workers == 1:
             return [self.build(b) for b in backends]
+        slowest_first = sorted(backends, key=lambda b: -b.typical_build_s)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="build") as pool:
             try:
-                return list(pool.map(self.build, backends))
+                futures = {id(b): pool.submit(self.build, b) for b in slowest_first}
+                return [futures[id(b)].result() for b in backends]
             except BaseException:  # Ctrl-C: the workers are waiting on children; stop those first
                 stop_all_children()
                 raise
@@ -432,6 +430,24 @@ class _ProgressWatcher:
 
 _PHASE_OF_STAGE = {"availability": "build", "build": "build", "load": "build", "correctness": "correctness", "measure": "profile"}
 """Where a failed candidate stopped -> the event phase that reports it (crash/timeout: the stage being watched)."""
+
+
+def _after_interrupt(candidates: list[Candidate], finished: list[Candidate], runnable: Sequence[Backend], device: str) -> list[Candidate]:
+    """What an interrupted run reports: every finished candidate, the others marked as interrupted."""
+    out = list(candidates)
+    seen = {c.name for c in out}
+    for c in finished:
+        if c.name not in seen and c.backend != EAGER:
+            out.append(c)
+            seen.add(c.name)
+    for b in runnable:
+        name = b.candidate_name(device)
+        if name not in seen:
+            out.append(Candidate(name, b.name, device, "skipped", "interrupted", "the run was interrupted first"))
+    for c in out:
+        if c.status == "built":
+            c.status, c.stage, c.reason = "skipped", "interrupted", "built and correct, but the run was interrupted before it was measured"
+    return out
 
 
 def _accept_partial_as_memory_limit(cand: Candidate) -> None:
