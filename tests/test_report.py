@@ -14,6 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -237,3 +238,16 @@ def test_report_command_re_renders_into_another_folder(tmp_path: Path):
 def test_report_command_on_a_missing_file_is_one_line_exit_2(tmp_path: Path):
     r = CliRunner().invoke(main, ["report", str(tmp_path / "nope.json")])
     assert r.exit_code == 2 and "does not exist" in r.output and not (tmp_path / "report.md").exists()
+
+
+def test_a_rejected_candidate_shows_by_how_much_it_missed():
+    from optimizer.task.correctness import CorrectnessReport, compare_outputs
+
+    doc = _doc()
+    result = _result(doc)
+    rejected = next(c for c in result.candidates if c.name != result.selected)
+    rejected.status, rejected.stage, rejected.reason = "failed", "correctness", "rejected: output 'output__0' differs"
+    rejected.correctness = CorrectnessReport([compare_outputs("batch=1", ["output__0"], ["float32"], [np.ones(3) * 1.5], [np.ones(3)])])
+    assert not rejected.correctness  # falsy when it failed: the table must not hide its numbers for that
+    row = _table_rows(render_markdown(result, doc["settings"], doc["published"]), "candidate")[rejected.name]
+    assert row[3] == "5.0e-01" and row[4] == "5.0e-01"

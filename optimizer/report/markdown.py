@@ -170,8 +170,8 @@ def _candidate_row(cand: Candidate, result: TuneResult) -> list[str]:
         name,
         cand.status,
         cand.reason or ("" if cand.status == "passed" else cand.stage),
-        f"{corr.max_abs:.1e}" if corr and corr.cases else "",
-        f"{corr.max_rel:.1e}" if corr and corr.cases else "",
+        f"{corr.max_abs:.1e}" if corr is not None and corr.cases else "",  # a failed report is falsy, but has numbers
+        f"{corr.max_rel:.1e}" if corr is not None and corr.cases else "",
         _pcts(one),
         str(best.batch_size) if best else "",
         f"{best.throughput:.1f}" if best else "",
