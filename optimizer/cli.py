@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 from dataclasses import fields
@@ -19,7 +18,7 @@ import click
 
 from optimizer import __version__
 from optimizer.errors import Interrupted, OptimizerError
-from optimizer.settings import ExportSettings, KEYS, load_settings_file, settings_from
+from optimizer.settings import ExportSettings, load_settings_file, settings_from
 
 log = logging.getLogger("optimizer")
 

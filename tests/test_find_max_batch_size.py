@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from optimizer.task.find_max_batch_size import (
     BatchPolicy,

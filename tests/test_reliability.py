@@ -8,7 +8,6 @@ import random
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import copy
 import json
 import re
 import shutil
@@ -128,7 +127,7 @@ def test_memory_limit_shows_the_ceiling_and_the_failing_size():
     chosen["decision"].update(decided_by="memory", ceiling=largest, first_failure=largest + 1,
                               failure=f"batch {largest + 1}: MemoryError: std::bad_alloc")
     md = render_markdown(TuneResult.from_json(doc["result"]), doc["settings"], doc["published"])
-    assert f"Decided by **memory**: an allocation failed above this size." in md
+    assert "Decided by **memory**: an allocation failed above this size." in md
     assert f"batch {largest} is the largest that fit; batch {largest + 1} did not (batch {largest + 1}: MemoryError: std::bad_alloc)" in md
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from optimizer.backend.base import Artifact
 from optimizer.model.samples import save_feeds
-from optimizer.model.signature import Signature, parse_input_spec, TensorSpec, parse_axis
+from optimizer.model.signature import Signature, TensorSpec, parse_axis
 from optimizer.model.dtypes import dtype_from_name
 from optimizer.task.evaluation import Candidate
 from optimizer.task.find_max_batch_size import MaxBatchDecision

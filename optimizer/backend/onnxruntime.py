@@ -50,8 +50,6 @@ class OnnxRuntimeBackend(Backend):
         return Availability(ok, "" if ok else f"{wanted} is not in this onnxruntime build (has: {', '.join(have)}){fix}.")
 
     def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
-        import onnxruntime as ort
-
         path = workdir / "model.onnx"
         meta = export_onnx(model, signature, path, batch_range[1], self.settings["opset"], precision=self.settings["precision"])
         inputs, outputs = onnx_io_names(path)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from optimizer.errors import ModelLoadError, SignatureError
+from optimizer.errors import SignatureError
 from optimizer.model.dtypes import dtype_from_numpy, dtype_from_onnx
 from optimizer.model.samples import Feed, ShapePoint, generate_feed
 from optimizer.model.signature import (

@@ -7,7 +7,7 @@ every tensor is the batch axis and its range is decided by the tune strategy.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
 from optimizer.errors import SignatureError

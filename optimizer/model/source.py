@@ -15,14 +15,11 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from optimizer.errors import ModelLoadError
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import resource
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

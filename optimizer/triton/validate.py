@@ -27,7 +27,6 @@ from optimizer.events import Event, EventSink, ignore
 from optimizer.errors import RepositoryError, SettingsError, TemplateError, ValidationError
 from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import Feed, load_feeds, tile_feed
-from optimizer.backend.triton_platforms import PLATFORMS
 from optimizer.task.correctness import CorrectnessCase, Tolerance, compare_outputs
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.server import LocalTritonServer, ServerHome, find_triton, open_client, prepare_home, triton_message
