@@ -18,10 +18,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from optimizer.export import export
+from optimizer.app.export import export
 from optimizer.settings import ExportSettings
-from optimizer.task.evaluation import Candidate, MeasureJob
-from optimizer.task.find_max_batch_size import BatchPolicy
+from optimizer.records.candidate import Candidate
+from optimizer.task.evaluation import MeasureJob
+from optimizer.records.measurements import BatchPolicy
 from optimizer.task.isolation import run_isolated
 from optimizer.task.profiling import ProfileSettings
 

@@ -6,7 +6,7 @@ when a backend needs them, so importing this package is cheap.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from optimizer._version import __version__
 
 from optimizer.errors import (  # noqa: E402
     BackendError,
@@ -26,8 +26,8 @@ from optimizer.settings import ExportSettings  # noqa: E402
 
 
 def export(settings: ExportSettings | None = None, **kwargs):
-    """Tune and publish; see optimizer.export.export."""
-    from optimizer.export import export as _export
+    """Tune and publish; see optimizer.app.export.export."""
+    from optimizer.app.export import export as _export
 
     return _export(settings, **kwargs)
 

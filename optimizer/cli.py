@@ -16,9 +16,10 @@ from typing import Any, Callable
 
 import click
 
-from optimizer import __version__
+from optimizer._version import __version__
 from optimizer.errors import Interrupted, OptimizerError
 from optimizer.settings import ExportSettings, load_settings_file, settings_from
+from optimizer.vocab import PRECISIONS
 
 log = logging.getLogger("optimizer")
 
@@ -126,7 +127,7 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     MODEL is package.module:callable, path/to/file.py:callable, a TorchScript .pt, a torch.export .pt2
     or an .onnx file. Without MODEL the bundled example CNN is used.
     """
-    from optimizer.export import export as run_export
+    from optimizer.app.export import export as run_export
     from optimizer.report.progress import choose_progress
 
     settings = _run_guarded(lambda: settings_from_cli(model, config, options))
@@ -160,7 +161,7 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
 @click.option("--device", default="cpu", show_default=True, help="Device to check availability on: cpu or cuda[:N].")
 @click.option("--check-imports/--no-check-imports", default=False, show_default=True,
               help="Also import the slow-to-import libraries (torch) instead of only finding them.")
-@click.option("--precision", type=click.Choice(("fp32", "fp16", "bf16")), default="fp32", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="Check availability at this --precision (CPU candidates run fp32 only).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def backends(device: str, check_imports: bool, precision: str, as_json: bool) -> None:
@@ -202,7 +203,7 @@ def publish(report: str, repository: str | None, name: str | None, version: int 
 
     The artifacts the report names must still exist. The Model Analyzer config is written next to REPORT.
     """
-    from optimizer.triton.publish import republish
+    from optimizer.app.republish import republish
 
     published = _run_guarded(lambda: republish(Path(report), Path(repository) if repository else None, name, version, overwrite,
                                                Path(template_dir) if template_dir else None, warmup))
@@ -221,7 +222,7 @@ def inspect_command(model: str | None, config: str | None, as_json: bool, **opti
 
     The model is loaded and run on generated samples to observe its outputs; nothing is written.
     """
-    from optimizer.inspection import describe, inspect_model
+    from optimizer.app.inspect import describe, inspect_model
 
     settings = _run_guarded(lambda: settings_from_cli(model, config, options))
     found = _run_guarded(lambda: inspect_model(settings))

@@ -69,3 +69,10 @@ class Interrupted(OptimizerError):
     """The run was stopped by Ctrl-C or SIGTERM; partial results are where the message says."""
 
     exit_code = 130
+
+
+def first_line(err: BaseException) -> str:
+    """An exception as one line for a candidate's reason: its type and the first line of its message."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__

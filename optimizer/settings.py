@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import SettingsError
+from optimizer.vocab import EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISIONS, STRATEGY_NAMES, WORKFLOWS
 
 
 def _opt(default: Any, flag: str, help: str, *, multiple: bool = False, choices: tuple[str, ...] | None = None,
@@ -41,16 +42,16 @@ class ExportSettings:
     warmup: bool = _opt(False, "--warmup", "Add model_warmup at batch 1 and the max batch, from a real sample.", secondary="--no-warmup", group="Publish")
     template_dir: str | None = _opt(None, "--template-dir", "A folder of *.pbtxt.j2 templates overriding the packaged ones.", metavar="DIR", group="Publish")
     report_dir: str | None = _opt(None, "--report-dir", "Where report.json, samples and work files go (default: aitune-reports/NAME; never inside the repository).", metavar="DIR", group="Publish")
-    strategy: str = _opt("max-throughput", "--strategy", "How the winner is chosen.", choices=("max-throughput", "min-latency", "latency-budget", "first-wins", "one-backend"), group="Tuning")
+    strategy: str = _opt("max-throughput", "--strategy", "How the winner is chosen.", choices=STRATEGY_NAMES, group="Tuning")
     backend: list[str] = _opt([], "--backend", "A candidate backend; repeat to give several (default: the strategy's defaults; see `aitune-export backends`).", multiple=True, metavar="NAME", group="Tuning")
-    workflow: str = _opt("aot", "--workflow", "aot: search the max batch size; jit: measure only the batch sizes recorded in --samples.", choices=("aot", "jit"), group="Tuning")
+    workflow: str = _opt("aot", "--workflow", "aot: search the max batch size; jit: measure only the batch sizes recorded in --samples.", choices=WORKFLOWS, group="Tuning")
     device: str = _opt("cpu", "--device", "Where to tune and serve: cpu or cuda[:N].", metavar="DEVICE", group="Tuning")
-    precision: str = _opt("fp32", "--precision", "Compute precision of the candidates (fp16/bf16 need --device cuda and are put into the exported graph; CPU candidates run fp32 only). Outputs are compared with the fp32 reference at the precision's tolerance.", choices=("fp32", "fp16", "bf16"), group="Tuning")
+    precision: str = _opt("fp32", "--precision", "Compute precision of the candidates (fp16/bf16 need --device cuda and are put into the exported graph; CPU candidates run fp32 only). Outputs are compared with the fp32 reference at the precision's tolerance.", choices=PRECISIONS, group="Tuning")
     tolerance: list[str] = _opt([], "--tolerance", "Accept this error against the reference: ATOL[,RTOL] for every output, or NAME=ATOL[,RTOL] for one (default per dtype: fp32 1e-4,1e-4). Repeatable.", multiple=True, metavar="[NAME=]ATOL[,RTOL]", group="Tuning")
-    eager_gate: str = _opt("enabled", "--eager-gate", "enabled: a winner must beat eager PyTorch (else the best deployable one is published with a warning); diagnostic: report only; disabled: do not measure eager.", choices=("enabled", "diagnostic", "disabled"), group="Tuning")
+    eager_gate: str = _opt("enabled", "--eager-gate", "enabled: a winner must beat eager PyTorch (else the best deployable one is published with a warning); diagnostic: report only; disabled: do not measure eager.", choices=EAGER_GATES, group="Tuning")
     max_batch_size: str = _opt("auto", "--max-batch-size", "The largest batch to publish: a number, or auto to search it per candidate.", metavar="N|auto", group="Measurement")
     latency_budget_ms: float | None = _opt(None, "--latency-budget-ms", "Latency budget per request in milliseconds (at --percentile).", metavar="MS", group="Measurement")
-    percentile: int = _opt(95, "--percentile", "Latency percentile the budget applies to.", choices=("50", "90", "95", "99"), group="Measurement")
+    percentile: int = _opt(95, "--percentile", "Latency percentile the budget applies to.", choices=tuple(map(str, PERCENTILES)), group="Measurement")
     memory_budget: str = _opt("auto", "--memory-budget", "Memory a candidate may add while probing batch sizes (e.g. 2GiB, 512MiB; auto = a quarter of available memory, at most 8 GiB).", metavar="SIZE", group="Measurement")
     time_budget_s: float | None = _opt(None, "--time-budget", "Stop measuring after this many seconds of tuning and use what was measured.", metavar="SECONDS", group="Measurement")
     build_timeout_s: float = _opt(900.0, "--build-timeout", "Seconds a candidate may spend building and checking before it is stopped.", metavar="SECONDS", group="Measurement")
@@ -65,15 +66,16 @@ class ExportSettings:
         """The memory budget in MiB (None: no limit)."""
         return parse_size_mb(self.memory_budget)
 
-    def max_batch(self) -> int | str:
+    def max_batch(self) -> int | None:
+        """The user's cap on the published max_batch_size: None for auto (searched per candidate)."""
         if self.max_batch_size == "auto":
-            return "auto"
+            return None
         try:
             value = int(self.max_batch_size)
         except ValueError:
             raise SettingsError(f"--max-batch-size {self.max_batch_size!r} is not a number or 'auto'.") from None
-        if value < 0:
-            raise SettingsError(f"--max-batch-size {value} must be >= 1, or 'auto'.")
+        if not 1 <= value <= MAX_BATCH_SIZE_LIMIT:
+            raise SettingsError(f"--max-batch-size {value} must be from 1 to {MAX_BATCH_SIZE_LIMIT} (Triton's int32), or 'auto'.")
         return value
 
     def to_dict(self) -> dict[str, Any]:

@@ -83,7 +83,8 @@ def test_data_dependent_control_flow_is_a_failed_check_with_reasons(in_tmp: Path
 
 def test_tolerance_specs_are_checked():
     from optimizer.errors import SettingsError
-    from optimizer.task.correctness import Tolerance, parse_tolerances
+    from optimizer.records.correctness import Tolerance
+    from optimizer.task.correctness import parse_tolerances
 
     assert parse_tolerances(["1e-3", "logits=1e-2,1e-1"]) == {"": Tolerance(1e-3, 1e-3), "logits": Tolerance(1e-2, 1e-1)}
     for bad in ("tiny", "x=-1", "1,2,3", "nan"):

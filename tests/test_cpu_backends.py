@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from optimizer.backend import BACKENDS, backend_named
-from optimizer.backend.base import Artifact
+from optimizer.records.artifact import Artifact
 from optimizer.backend.torch_aoti import CACHE_DIRNAME, CACHE_ENV, inductor_cache_dir
 from optimizer.cli import main
 from optimizer.model.reference import resolve_signature, run_reference
@@ -297,11 +297,12 @@ def test_openvino_runner_runs_what_triton_will_run(builds):
 
 def _result_for(art: Artifact, sig: Signature, tmp: Path):
     """A TuneResult around an API-built artifact, with a real (short) measurement at batch 1..4."""
-    from optimizer.task.evaluation import Candidate
-    from optimizer.task.find_max_batch_size import BatchPolicy, find_max_batch_size
+    from optimizer.records.candidate import Candidate
+    from optimizer.records.measurements import BatchPolicy
+    from optimizer.task.find_max_batch_size import find_max_batch_size
     from optimizer.task.profiling import ProfileSettings, measure
-    from optimizer.task.reference_set import ReferenceSet
-    from optimizer.tune_strategy.result import TuneResult
+    from optimizer.records.reference_set import ReferenceSet
+    from optimizer.records.tune_result import TuneResult
 
     backend = backend_named(art.backend)
     art.triton_settings = backend.triton_settings(art)

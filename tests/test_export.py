@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from optimizer.backend import backend_named
-from optimizer.backend.base import Artifact
-from optimizer.backend.triton_platforms import PLATFORMS
+from optimizer.records.artifact import Artifact
+from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.model.reference import run_reference
 from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 
-from optimizer.task.find_max_batch_size import (
-    BatchPolicy,
-    OutOfMemory,
-    TimeBudgetExceeded,
-    estimate_ceiling,
-    find_max_batch_size,
-    knee_of,
-)
-from optimizer.task.profiling import BatchProfile
+from optimizer.records.measurements import BatchPolicy
+from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size, knee_of
+from optimizer.records.measurements import BatchProfile
 
 
 def profile(batch: int, throughput: float, p95_ms: float | None = None, rss: float = 0.0) -> BatchProfile:
@@ -119,7 +113,7 @@ def test_knee_and_ceiling_estimate():
 
 
 def test_decision_round_trips_through_json():
-    from optimizer.task.find_max_batch_size import MaxBatchDecision
+    from optimizer.records.measurements import MaxBatchDecision
 
     d = find_max_batch_size(FakeModel(lambda b: 100.0 * b, oom_above=5), BatchPolicy())
     again = MaxBatchDecision.from_json(d.to_json())

@@ -13,7 +13,8 @@ from optimizer.backend import BACKENDS, backend_named
 from optimizer.backend.precision import check_precision, reduced_precision_module
 from optimizer.errors import BackendError, SettingsError
 from optimizer.model.signature import Signature
-from optimizer.task.correctness import Tolerance, precision_tolerances
+from optimizer.records.correctness import Tolerance
+from optimizer.task.correctness import precision_tolerances
 from optimizer.tune_strategy import default_backends
 from optimizer.tune_strategy.max_throughput_strategy import MaxThroughputStrategy
 from tests.conftest import run_cli, tree_snapshot
@@ -52,7 +53,7 @@ def test_a_gpu_backend_names_the_precisions_it_builds():
 def test_the_strategy_applies_the_runs_precision_and_records_the_refusal(tmp_path):
     from optimizer.model.reference import resolve_signature
     from optimizer.model.source import load_model
-    from optimizer.tune_strategy.context import TuneContext
+    from optimizer.task.context import TuneContext
 
     model = load_model("optimizer.examples.cnn:build")
     ctx = TuneContext(model=model, signature=resolve_signature(model), reference=None, workdir=tmp_path, device="cpu", precision="fp16")  # type: ignore[arg-type]
@@ -63,10 +64,10 @@ def test_the_strategy_applies_the_runs_precision_and_records_the_refusal(tmp_pat
         assert cand.status == "unavailable" and "does not run --precision fp16" in cand.reason and cand.artifact is None
 
 
-def test_at_precision_keeps_the_other_settings():
+def test_for_run_keeps_the_other_settings():
     b = backend_named("onnxruntime", graph_level="basic")
-    assert b.at_precision("fp32") is b
-    fp16 = b.at_precision("fp16")
+    assert b.for_run("fp32") is b
+    fp16 = b.for_run("fp16")
     assert fp16.settings == {**b.settings, "precision": "fp16"} and b.settings["precision"] == "fp32"
     assert fp16.cache_key() != b.cache_key()
 

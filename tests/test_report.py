@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from optimizer.cli import main
 from optimizer.report.markdown import render_markdown, validation_section, write_report_files
 from optimizer.report.plots import latency_figure, plot_data, throughput_figure
-from optimizer.tune_strategy.result import TuneResult
+from optimizer.records.tune_result import TuneResult
 from tests.conftest import FIXTURES
 
 REPORT = FIXTURES / "report_cnn.json"
@@ -240,7 +240,8 @@ def test_report_command_on_a_missing_file_is_one_line_exit_2(tmp_path: Path):
 
 
 def test_a_rejected_candidate_shows_by_how_much_it_missed():
-    from optimizer.task.correctness import CorrectnessReport, compare_outputs
+    from optimizer.records.correctness import CorrectnessReport
+    from optimizer.task.correctness import compare_outputs
 
     doc = _doc()
     result = _result(doc)

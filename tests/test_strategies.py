@@ -11,10 +11,11 @@ import torch
 from optimizer.backend import backend_named
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.model.source import load_model
-from optimizer.task.evaluation import Candidate
-from optimizer.task.find_max_batch_size import MaxBatchDecision, knee_of
-from optimizer.task.profiling import BatchProfile
-from optimizer.task.reference_set import ReferenceSet
+from optimizer.records.candidate import Candidate
+from optimizer.records.measurements import MaxBatchDecision
+from optimizer.task.find_max_batch_size import knee_of
+from optimizer.records.measurements import BatchProfile
+from optimizer.records.reference_set import ReferenceSet
 from optimizer.tune_strategy import (
     FirstWinsStrategy,
     LatencyBudgetStrategy,
@@ -22,8 +23,9 @@ from optimizer.tune_strategy import (
     MinLatencyStrategy,
     MultiBackendStrategy,
     OneBackendStrategy,
+    STRATEGIES,
 )
-from optimizer.tune_strategy.context import TuneContext
+from optimizer.task.context import TuneContext
 
 
 def prof(batch: int, throughput: float, p95_ms: float) -> BatchProfile:
@@ -155,8 +157,16 @@ def test_reuse_across_distributed_and_ordinary_modules(tmp_path, gloo_group):
 
 
 def test_concrete_strategies_must_define_their_defaults(tmp_path):
+    """As in AITune, the default lists are abstract: a strategy that forgets them cannot even be created."""
+    import inspect
+
     class Incomplete(MultiBackendStrategy):
         name = "incomplete"
 
-    with pytest.raises(NotImplementedError, match="_default_aot_backends"):
-        Incomplete()._candidate_backends(_ctx(tmp_path))
+        def _metric(self, cand):
+            return None
+
+    assert inspect.isabstract(MultiBackendStrategy) and inspect.isabstract(Incomplete)
+    with pytest.raises(TypeError, match="_default_aot_backends"):
+        Incomplete()
+    assert not any(inspect.isabstract(cls) for cls in STRATEGIES.values())

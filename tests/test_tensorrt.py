@@ -173,7 +173,7 @@ def test_backend_build_writes_the_plan_metadata_and_reuses_the_timing_cache(tmp_
     assert cache == timing_cache_file(tmp_path / "cache", "11.4.0.106", meta["compute_capability"]) and cache.read_bytes() == b"[entry]"
 
     # the next build starts from the persisted cache, and eager's knee sets the optimal batch
-    second = backend.at_precision("fp16").with_batch_hint(4).build(model, sig, tmp_path / "second", (1, 16), "cuda")
+    second = backend.for_run("fp16").with_batch_hint(4).build(model, sig, tmp_path / "second", (1, 16), "cuda")
     assert trt._recorded("IBuilderConfig.create_timing_cache")[-1] == (b"[entry]",)
     assert second.metadata["timing_cache_reused"] is True and cache.read_bytes() == b"[entry][entry]"
     assert second.metadata["profiles"][0][0]["opt"] == [4, 3, 64, 64] and "eager" in second.metadata["opt_batch_rule"]

@@ -7,15 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.backend.base import Artifact
+from optimizer.records.artifact import Artifact
 from optimizer.model.samples import save_feeds
 from optimizer.model.signature import Signature, TensorSpec, parse_axis
 from optimizer.model.dtypes import dtype_from_name
-from optimizer.task.evaluation import Candidate
-from optimizer.task.find_max_batch_size import MaxBatchDecision
-from optimizer.task.profiling import BatchProfile
-from optimizer.task.reference_set import ReferenceSet
-from optimizer.tune_strategy.result import TuneResult
+from optimizer.records.candidate import Candidate
+from optimizer.records.measurements import MaxBatchDecision
+from optimizer.records.measurements import BatchProfile
+from optimizer.records.reference_set import ReferenceSet
+from optimizer.records.tune_result import TuneResult
 
 BACKEND_OF = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "torchscript", "torch_aoti": "torch-aoti",
               "tensorrt_plan": "tensorrt", "openvino": "openvino"}

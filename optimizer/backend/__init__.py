@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner
+from optimizer.records.artifact import Artifact
+from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.onnxruntime import OnnxRuntimeBackend
 from optimizer.backend.onnxruntime_trt import OnnxRuntimeTensorRTBackend
 from optimizer.backend.openvino import OpenVinoBackend

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
@@ -18,30 +17,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 import numpy as np
 
 from optimizer.backend.precision import refusal
-from optimizer.backend.triton_platforms import PLATFORMS, TritonPlatform
+from optimizer.vocab import Device
+from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.errors import BackendError
+from optimizer.records.artifact import Artifact
 from optimizer.model.samples import Feed
 from optimizer.model.signature import Signature
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel
-
-
-def cpu_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def device_kind(device: str) -> str:
-    """"cuda" for "cuda:1", "cpu" for "cpu"."""
-    return device.split(":", 1)[0]
-
-
-def first_line(err: BaseException) -> str:
-    """An exception as one line for a candidate's reason: its type and the first line of its message."""
-    text = str(err).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 @dataclass(frozen=True)
@@ -53,44 +37,6 @@ class Availability:
 
     def __bool__(self) -> bool:
         return self.ok
-
-
-@dataclass
-class Artifact:
-    """What a build produced: files in `directory` plus the facts needed to load, publish and report it."""
-
-    backend: str
-    device: str
-    directory: str
-    files: list[str]  # relative to directory; files[0] is the model file Triton loads
-    signature: dict[str, Any]  # Signature.to_json() of the tensors as the artifact names them
-    triton_platform: str | None  # key into PLATFORMS; None when it cannot be published
-    triton_settings: dict[str, Any] = field(default_factory=dict)  # platform-specific config fragment
-    metadata: dict[str, Any] = field(default_factory=dict)  # opset, precision, versions, build time...
-    batch_range: tuple[int, int] = (1, 1)  # the batch sizes the artifact was built to accept
-
-    @property
-    def path(self) -> Path:
-        return Path(self.directory) / self.files[0] if self.files else Path(self.directory)
-
-    @property
-    def platform(self) -> TritonPlatform | None:
-        return PLATFORMS[self.triton_platform] if self.triton_platform else None
-
-    @property
-    def sig(self) -> Signature:
-        return Signature.from_json(self.signature)
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["batch_range"] = list(self.batch_range)
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Artifact:
-        d = dict(d)
-        d["batch_range"] = tuple(d.get("batch_range", (1, 1)))
-        return cls(**d)
 
 
 def _found(modules: tuple[str, ...]) -> Availability:
@@ -180,6 +126,7 @@ class Backend:
     needs_source_model: ClassVar[bool] = False  # load() runs the source module itself (torch-eager)
     typical_build_s: ClassVar[float] = 5.0  # a small model's build on 2 CPU cores; the slowest builds start first
     default_settings: ClassVar[dict[str, Any]] = {}
+    cache_subdir: ClassVar[str | None] = None  # a folder of its own under the run's cache root (then it takes a `cache_dir` setting)
     precisions: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32"})})
     """--precision values each device kind builds; anything else is refused in availability(), never run as fp32."""
 
@@ -192,11 +139,15 @@ class Backend:
             )
         self.settings = {**known, **settings}
 
-    def at_precision(self, precision: str) -> Backend:
-        """This backend with the run's --precision (itself when it already has it)."""
-        if self.settings["precision"] == precision:
+    def for_run(self, precision: str, cache_root: Path | None = None) -> Backend:
+        """This backend with the run's --precision and, when it keeps a cache (a `cache_dir` setting the user
+        left unset), that cache under the run's one cache root; itself when nothing changes."""
+        wanted = {"precision": precision}
+        if cache_root is not None and self.cache_subdir and not self.settings.get("cache_dir"):
+            wanted["cache_dir"] = str(Path(cache_root) / self.cache_subdir)
+        if all(self.settings.get(k) == v for k, v in wanted.items()):
             return self
-        return type(self)(**{**self.settings, "precision": precision})
+        return type(self)(**{**self.settings, **wanted})
 
     def with_batch_hint(self, knee: int) -> Backend:
         """This backend told where throughput saturates (eager's measured knee); only engines that
@@ -220,13 +171,13 @@ class Backend:
         `aitune-export backends` on CPU); every other check, and every tuning run, imports for real,
         because a wheel can be installed and still fail to load its libraries.
         """
-        if device_kind(device) not in self.devices:
+        if Device.of(device).kind not in self.devices:
             return Availability(False, f"{self.name} runs on {', '.join(sorted(self.devices))}, not {device}.")
         precision = self.settings["precision"]
-        supported = self.precisions.get(device_kind(device), frozenset({"fp32"}))
+        supported = self.precisions.get(Device.of(device).kind, frozenset({"fp32"}))
         if precision not in supported:
-            return Availability(False, refusal(self.name, device_kind(device), precision, supported))
-        if quick and device_kind(device) == "cpu" and self.slow_imports:
+            return Availability(False, refusal(self.name, Device.of(device).kind, precision, supported))
+        if quick and Device.of(device).kind == "cpu" and self.slow_imports:
             return _found(self.slow_imports)
         try:
             return self._availability(device)
@@ -254,5 +205,6 @@ class Backend:
 
     def cache_key(self) -> str:
         """A hash of the backend's name, settings and library versions."""
-        blob = json.dumps({"name": self.name, "settings": self.settings, "versions": self.versions()}, sort_keys=True, default=str)
+        built_with = {k: v for k, v in self.settings.items() if k != "cache_dir"}  # where caches go changes no artifact
+        blob = json.dumps({"name": self.name, "settings": built_with, "versions": self.versions()}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -8,18 +8,7 @@ import re
 import subprocess
 
 from optimizer.backend.base import Availability
-from optimizer.errors import SettingsError
-
-_DEVICE = re.compile(r"^cuda(?::(\d+))?$")
-
-
-def cuda_index(device: str) -> int:
-    """The GPU index of "cuda" (0) or "cuda:N" (N); anything else is a SettingsError."""
-    m = _DEVICE.match(device.strip())
-    if not m:
-        raise SettingsError(f"device {device!r} is not cuda or cuda:N; e.g. --device cuda:0.")
-    return int(m.group(1) or 0)
-
+from optimizer.vocab import Device
 
 def torch_cuda_availability(device: str) -> Availability:
     """Whether torch can run on `device` (a CUDA build, a visible GPU with that index)."""
@@ -28,7 +17,7 @@ def torch_cuda_availability(device: str) -> Availability:
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + (" (a CPU-only build)" if torch.version.cuda is None else f" (CUDA {torch.version.cuda})")
         return Availability(False, f"torch reports no CUDA device (torch.cuda.is_available() is False; {build}).")
-    index = cuda_index(device)
+    index = Device.of(device).cuda_index
     count = torch.cuda.device_count()
     if index >= count:
         return Availability(False, f"{device} does not exist: torch sees {count} GPU(s) (cuda:0..cuda:{count - 1}).")

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores, device_kind
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
+from optimizer.backend.base import Availability, Backend, Runner
+from optimizer.machine import cpu_cores
 from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
 from optimizer.model.onnx_graph import onnx_io_names
 from optimizer.errors import BackendError
@@ -44,9 +47,9 @@ class OnnxRuntimeBackend(Backend):
             return Availability(False, f"onnxruntime cannot be imported: {err}")
         if self.settings["graph_level"] not in _TRITON_GRAPH_LEVEL:
             return Availability(False, f"graph_level {self.settings['graph_level']!r} is not one of {', '.join(_TRITON_GRAPH_LEVEL)}.")
-        wanted, have = _PROVIDER_FOR[device_kind(device)], ort.get_available_providers()
+        wanted, have = _PROVIDER_FOR[Device.of(device).kind], ort.get_available_providers()
         ok = wanted in have
-        fix = " (pip install onnxruntime-gpu in place of onnxruntime)" if device_kind(device) == "cuda" else ""
+        fix = " (pip install onnxruntime-gpu in place of onnxruntime)" if Device.of(device).kind == "cuda" else ""
         return Availability(ok, "" if ok else f"{wanted} is not in this onnxruntime build (has: {', '.join(have)}){fix}.")
 
     def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
@@ -65,7 +68,7 @@ class OnnxRuntimeBackend(Backend):
             files=meta.pop("files"),
             signature=signature.to_json(),
             triton_platform=self.triton_platform,
-            metadata={**meta, "graph_level": self.settings["graph_level"], "provider": _PROVIDER_FOR[device_kind(device)], **self.versions()},
+            metadata={**meta, "graph_level": self.settings["graph_level"], "provider": _PROVIDER_FOR[Device.of(device).kind], **self.versions()},
             batch_range=batch_range,
         )
 
@@ -78,7 +81,7 @@ class OnnxRuntimeBackend(Backend):
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         params = {"execution_mode": "0", "inter_op_thread_count": "1"}
-        if device_kind(artifact.device) == "cpu":
+        if Device.of(artifact.device).kind == "cpu":
             params["intra_op_thread_count"] = str(cpu_cores())
         return {"parameters": params, "graph_level": _TRITON_GRAPH_LEVEL[self.settings["graph_level"]]}
 
@@ -88,16 +91,11 @@ class OnnxRuntimeBackend(Backend):
         return {"onnxruntime": ort.__version__}
 
 
-def cuda_device_id(device: str) -> int:
-    """The GPU index of "cuda" / "cuda:N" as ONNX Runtime's device_id."""
-    return int(device.split(":")[1]) if ":" in device else 0
-
-
 def default_providers(device: str) -> list[Any]:
     """CPU alone on a CPU device; CUDA (then CPU for the nodes CUDA lacks) on a GPU."""
-    if device_kind(device) == "cpu":
+    if Device.of(device).kind == "cpu":
         return ["CPUExecutionProvider"]
-    return [("CUDAExecutionProvider", {"device_id": cuda_device_id(device)}), "CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": Device.of(device).cuda_index}), "CPUExecutionProvider"]
 
 
 class OnnxRuntimeRunner(Runner):
@@ -106,7 +104,7 @@ class OnnxRuntimeRunner(Runner):
     _LEVELS = MappingProxyType({"all": "ORT_ENABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "disabled": "ORT_DISABLE_ALL"})
 
     def __init__(self, artifact: Artifact, device: str, graph_level: str, providers: list[Any] | None = None) -> None:
-        super().__init__(artifact.sig)
+        super().__init__(Signature.from_json(artifact.signature))
         self._path = artifact.path
         self._device = device
         self._graph_level = graph_level
@@ -120,7 +118,7 @@ class OnnxRuntimeRunner(Runner):
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, self._LEVELS[self._graph_level])
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.inter_op_num_threads = 1
-        if device_kind(self._device) == "cpu":
+        if Device.of(self._device).kind == "cpu":
             opts.intra_op_num_threads = cpu_cores()
         try:
             self._session = ort.InferenceSession(str(self._path), opts, providers=self._providers)

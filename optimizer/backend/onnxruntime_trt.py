@@ -14,8 +14,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner
-from optimizer.backend.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, cuda_device_id
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
+from optimizer.backend.base import Availability, Backend, Runner
+from optimizer.backend.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner
 from optimizer.backend.trt_profiles import ShapeRange, engine_max_batch, opt_batch_for, optimization_profile, ort_profile_shapes
 from optimizer.model.signature import Signature
 
@@ -35,6 +37,7 @@ class OnnxRuntimeTensorRTBackend(OnnxRuntimeBackend):
     devices = frozenset({"cuda"})
     workflow = frozenset({"aot"})
     precisions = MappingProxyType({"cuda": frozenset({"fp32", "fp16"})})
+    cache_subdir = "tensorrt"
     default_settings = {
         **OnnxRuntimeBackend.default_settings,
         # ORT's extended/all levels fuse nodes into com.microsoft operators TensorRT cannot take (they
@@ -44,6 +47,7 @@ class OnnxRuntimeTensorRTBackend(OnnxRuntimeBackend):
         "opt_batch": None,
         "opt_batch_from": None,
         "engine_cache_path": SERVER_ENGINE_CACHE,
+        "cache_dir": None,  # the timing cache's root; None: timing_cache_dir(); a run sets <cache root>/tensorrt
     }
 
     def _availability(self, device: str) -> Availability:
@@ -81,9 +85,9 @@ class OnnxRuntimeTensorRTBackend(OnnxRuntimeBackend):
 
     def providers(self, artifact: Artifact, device: str) -> list[Any]:
         """TensorRT first (with the options the config carries), CUDA for what TensorRT leaves, CPU last."""
-        from optimizer.backend.tensorrt import default_cache_dir
+        from optimizer.backend.tensorrt import timing_cache_dir
 
-        index = cuda_device_id(device)
+        index = Device.of(device).cuda_index
         options: dict[str, Any] = {
             "device_id": index,
             "trt_max_workspace_size": int(self.settings["workspace_mb"]) * 2**20,
@@ -91,7 +95,7 @@ class OnnxRuntimeTensorRTBackend(OnnxRuntimeBackend):
             "trt_engine_cache_enable": True,
             "trt_engine_cache_path": str(Path(artifact.directory) / "ort_trt_engines"),
             "trt_timing_cache_enable": True,
-            "trt_timing_cache_path": str(default_cache_dir() / "ort"),
+            "trt_timing_cache_path": str(timing_cache_dir(self.settings["cache_dir"]) / "ort"),
             **ort_profile_shapes(_profile(artifact)),
         }
         Path(options["trt_timing_cache_path"]).mkdir(parents=True, exist_ok=True)

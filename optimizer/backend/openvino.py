@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores
+from optimizer.records.artifact import Artifact
+from optimizer.backend.base import Availability, Backend, Runner
+from optimizer.machine import cpu_cores
 from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
 from optimizer.errors import BackendError
 from optimizer.model.samples import Feed
@@ -112,7 +114,7 @@ class OpenVinoBackend(Backend):
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         params = dict(self.properties())
-        if artifact.sig.batching:
+        if Signature.from_json(artifact.signature).batching:
             # The backend fixes the batch dimension at max_batch_size (ov::set_batch) and rejects any other
             # total batch ("expected requests with batch size ...") unless it may pad the batch.
             params["ENABLE_BATCH_PADDING"] = "YES"
@@ -128,7 +130,7 @@ class OpenVinoRunner(Runner):
     """One compiled model and one infer request, with the properties the Triton config carries."""
 
     def __init__(self, artifact: Artifact, properties: dict[str, str]) -> None:
-        super().__init__(artifact.sig)
+        super().__init__(Signature.from_json(artifact.signature))
         self._path = artifact.path
         self._properties = properties
         self._compiled: Any = None

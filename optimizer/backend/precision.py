@@ -14,9 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from optimizer.errors import BackendError, SettingsError
-
-PRECISIONS = ("fp32", "fp16", "bf16")
-"""Values of --precision; fp32 is the default and the only one a CPU candidate runs."""
+from optimizer.vocab import PRECISIONS, Device  # PRECISIONS: fp32 is the default and the only one a CPU candidate runs
 
 TORCH_DTYPE_NAME = MappingProxyType({"fp16": "float16", "bf16": "bfloat16"})
 """The torch dtype a reduced precision computes in (fp32 needs no conversion)."""
@@ -26,7 +24,7 @@ def check_precision(precision: str, device: str) -> None:
     """Reject an unknown precision, or a reduced one on the CPU, before any work starts."""
     if precision not in PRECISIONS:
         raise SettingsError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}.")
-    if precision != "fp32" and not device.startswith("cuda"):
+    if precision != "fp32" and not Device.of(device).is_cuda:
         raise SettingsError(
             f"--precision {precision} needs --device cuda: CPU candidates run fp32 only, and running them "
             "in fp32 under a reduced-precision label would misreport them. Use --precision fp32 on the CPU."

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner, device_kind
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
+from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
 from optimizer.backend.trt_profiles import ShapeRange, engine_max_batch, opt_batch_for, optimization_profile
 from optimizer.errors import BackendError
@@ -163,10 +165,12 @@ def build_engine(
     return EngineBuild(bytes(plan), bytes(new_cache), inputs, outputs)
 
 
-def default_cache_dir() -> Path:
-    """Where timing caches live: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export, else ~/.cache/aitune-export."""
-    root = os.environ.get("AITUNE_EXPORT_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "aitune-export")
-    return Path(root) / "tensorrt"
+def timing_cache_dir(explicit: str | None = None) -> Path:
+    """Where timing caches live: the backend's `cache_dir` setting (the run sets it from --cache-dir), else
+    <cache root>/tensorrt (machine.cache_root: $AITUNE_EXPORT_CACHE_DIR, $XDG_CACHE_HOME/aitune-export, ~/.cache/aitune-export)."""
+    from optimizer.machine import cache_root
+
+    return Path(explicit) if explicit else cache_root() / TensorRTBackend.cache_subdir
 
 
 def timing_cache_file(cache_dir: Path, trt_version: str, compute_capability: str | None) -> Path:
@@ -206,19 +210,20 @@ class TensorRTBackend(Backend):
     consumes = frozenset({"torch", "onnx"})
     distributed_ok = False
     precisions = MappingProxyType({"cuda": frozenset({"fp32", "fp16", "bf16"})})
+    cache_subdir = "tensorrt"  # timing caches (ONNX Runtime's TensorRT EP keeps its own in <it>/ort)
     default_settings = {
         "opset": DEFAULT_OPSET,
         "workspace_mb": 8192,  # the builder's scratch limit; TensorRT uses less when less is free
         "optimization_level": None,  # None: TensorRT's default (3)
         "opt_batch": None,  # None: the measured knee when the strategy passes one, else Navigator's rule
         "opt_batch_from": None,  # where opt_batch came from, for the report
-        "cache_dir": None,  # None: default_cache_dir()
+        "cache_dir": None,  # None: timing_cache_dir(); a run sets <cache root>/tensorrt
         "cuda_graphs": False,  # add optimization { cuda { graphs: true } } to the Triton config
     }
 
     def availability(self, device: str, quick: bool = False) -> Availability:
         """On a CPU device the reason also says whether tensorrt would import (found, not imported, when quick)."""
-        if device_kind(device) != "cpu":
+        if Device.of(device).kind != "cpu":
             return super().availability(device, quick)
         if quick:
             import importlib.util
@@ -242,7 +247,7 @@ class TensorRTBackend(Backend):
     def build(self, model: LoadedModel, signature: Signature, workdir: Path, batch_range: tuple[int, int], device: str) -> Artifact:
         import tensorrt as trt
 
-        from optimizer.backend.cuda import compute_capability, cuda_index
+        from optimizer.backend.cuda import compute_capability
 
         precision = self.settings["precision"]
         workdir.mkdir(parents=True, exist_ok=True)
@@ -251,10 +256,10 @@ class TensorRTBackend(Backend):
         opt, rule = (opt_batch_for(batch_range[1], self.settings["opt_batch"], self.settings["opt_batch_from"])
                      if signature.batching else (0, "the model does not batch"))
         profile = optimization_profile(signature, batch_range[1], opt if signature.batching else None)
-        index = cuda_index(device)
+        index = Device.of(device).cuda_index
         select_gpu(index)
         cc = compute_capability(index)
-        cache_dir = Path(self.settings["cache_dir"]) if self.settings["cache_dir"] else default_cache_dir()
+        cache_dir = timing_cache_dir(self.settings["cache_dir"])
         cache_path = timing_cache_file(cache_dir, trt.__version__, cc)
         with locked(cache_path):
             previous = cache_path.read_bytes() if cache_path.exists() else b""
@@ -327,7 +332,7 @@ class TensorRTRunner(Runner):
     """
 
     def __init__(self, artifact: Artifact, device: str) -> None:
-        super().__init__(artifact.sig)
+        super().__init__(Signature.from_json(artifact.signature))
         self._path = artifact.path
         self._device = device
         self._runner: Any = None
@@ -338,9 +343,7 @@ class TensorRTRunner(Runner):
         import tensorrt as trt
         from polygraphy.backend.trt import TrtRunner
 
-        from optimizer.backend.cuda import cuda_index
-
-        select_gpu(cuda_index(self._device))
+        select_gpu(Device.of(self._device).cuda_index)
         self._logger = _capturing_logger(trt)
         self._trt_runtime = trt.Runtime(self._logger)
         engine = self._trt_runtime.deserialize_cuda_engine(self._path.read_bytes())

@@ -16,7 +16,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores, device_kind, first_line
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
+from optimizer.backend.base import Availability, Backend, Runner
+from optimizer.machine import cpu_cores
+from optimizer.errors import first_line
 from optimizer.backend.torch_export import dynamic_shapes_for, example_args
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
@@ -111,7 +115,7 @@ class TorchAOTIBackend(Backend):
 
         if not hasattr(torch, "_inductor") or not hasattr(torch._inductor, "aoti_compile_and_package"):
             return Availability(False, f"torch {torch.__version__} has no torch._inductor.aoti_compile_and_package (needs torch >= 2.6).")
-        if device_kind(device) == "cuda" and not torch.cuda.is_available():
+        if Device.of(device).kind == "cuda" and not torch.cuda.is_available():
             return Availability(False, "torch reports no CUDA device (torch.cuda.is_available() is False).")
         return Availability(True)
 
@@ -122,7 +126,7 @@ class TorchAOTIBackend(Backend):
         if isinstance(module, torch.jit.ScriptModule):
             raise BackendError("torch.export cannot export a TorchScript module; give the Python module (package.module:callable) to build torch-aoti.")
         workdir.mkdir(parents=True, exist_ok=True)
-        if device_kind(device) == "cuda":
+        if Device.of(device).kind == "cuda":
             module = module.to(device)
         args = example_args(signature, device)
         dynamic = dynamic_shapes_for(signature, max(batch_range[1], BATCH_DIM_FLOOR))
@@ -170,12 +174,12 @@ class TorchAOTIBackend(Backend):
             index = int(device.split(":")[1]) if ":" in device else -1
             return torch._inductor.aoti_load_package(str(artifact.path), device_index=index)
 
-        return TorchRunner(artifact.sig, _load, device)
+        return TorchRunner(Signature.from_json(artifact.signature), _load, device)
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         # The PyTorch backend's Inductor path reads the same parameters as libtorch; threads are process-global.
         params = {"INFERENCE_MODE": "true"}
-        if device_kind(artifact.device) == "cpu":
+        if Device.of(artifact.device).kind == "cpu":
             params |= {"INTRA_OP_THREAD_COUNT": str(cpu_cores()), "INTER_OP_THREAD_COUNT": "1"}
         return {"parameters": params}
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
+from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.cuda import torch_cuda_availability
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
@@ -28,7 +30,7 @@ class TorchEagerBackend(Backend):
     workflow = frozenset({"aot", "jit"})
 
     def _availability(self, device: str) -> Availability:
-        if device.startswith("cuda"):
+        if Device.of(device).is_cuda:
             return torch_cuda_availability(device)
         return Availability(True)
 
@@ -42,9 +44,9 @@ class TorchEagerBackend(Backend):
         module = model.module
 
         def _load():
-            return module.to(device) if device != "cpu" else module
+            return module.to(device) if Device.of(device).kind != "cpu" else module
 
-        return TorchRunner(artifact.sig, _load, device)
+        return TorchRunner(Signature.from_json(artifact.signature), _load, device)
 
     def versions(self) -> dict[str, str]:
         import torch

@@ -6,7 +6,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optimizer.backend.base import Runner, cpu_cores, device_kind
+from optimizer.backend.base import Runner
+from optimizer.vocab import Device
+from optimizer.machine import cpu_cores
 from optimizer.model.reference import flatten_outputs
 from optimizer.model.samples import Feed
 from optimizer.model.signature import Signature
@@ -24,13 +26,13 @@ class TorchRunner(Runner):
     def _activate(self) -> None:
         import torch
 
-        if device_kind(self._device) == "cpu":
+        if Device.of(self._device).kind == "cpu":
             torch.set_num_threads(cpu_cores())
         self._module = self._load()
 
     def _deactivate(self) -> None:
         self._module = None
-        if device_kind(self._device) == "cuda":
+        if Device.of(self._device).kind == "cuda":
             import torch
 
             torch.cuda.empty_cache()
@@ -39,7 +41,7 @@ class TorchRunner(Runner):
         import torch
 
         names = self.signature.input_names
-        on_cpu = device_kind(self._device) == "cpu"
+        on_cpu = Device.of(self._device).kind == "cpu"
         args = [torch.from_numpy(feed[n]) if on_cpu else torch.from_numpy(feed[n]).to(self._device, non_blocking=True) for n in names]
         with torch.inference_mode():
             result = self._module(*args)

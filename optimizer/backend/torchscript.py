@@ -7,7 +7,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from optimizer.backend.base import Artifact, Availability, Backend, Runner, cpu_cores
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
+from optimizer.backend.base import Availability, Backend, Runner
+from optimizer.machine import cpu_cores
 from optimizer.backend.cuda import torch_cuda_availability
 from optimizer.backend.precision import reduced_precision_module
 from optimizer.backend.torch_runner import TorchRunner
@@ -35,7 +38,7 @@ class TorchScriptBackend(Backend):
     precisions = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32", "fp16", "bf16"})})
 
     def _availability(self, device: str) -> Availability:
-        if device.startswith("cuda"):
+        if Device.of(device).is_cuda:
             return torch_cuda_availability(device)
         return Availability(True)
 
@@ -57,7 +60,7 @@ class TorchScriptBackend(Backend):
             batch = min(2, batch_range[1]) if signature.batching else 0
             feed = generate_feed(signature, ShapePoint(batch, "max"), seed=1)
             args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
-            module = module.to(device) if device != "cpu" else module
+            module = module.to(device) if Device.of(device).kind != "cpu" else module
             args = tuple(a.to(device) for a in args)
             with torch.no_grad():
                 scripted = torch.jit.trace(module, args, check_trace=False, strict=False)
@@ -83,12 +86,12 @@ class TorchScriptBackend(Backend):
 
             return torch.jit.load(str(artifact.path), map_location=device).eval()
 
-        return TorchRunner(artifact.sig, _load, device)
+        return TorchRunner(Signature.from_json(artifact.signature), _load, device)
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         # INFERENCE_MODE matches how it was measured; thread counts are process-global in the libtorch backend.
         params = {"INFERENCE_MODE": "true", "DISABLE_OPTIMIZED_EXECUTION": "false"}
-        if artifact.device == "cpu":
+        if Device.of(artifact.device).kind == "cpu":
             params |= {"INTRA_OP_THREAD_COUNT": str(cpu_cores()), "INTER_OP_THREAD_COUNT": "1"}
         return {"parameters": params}
 

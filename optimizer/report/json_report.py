@@ -1,4 +1,6 @@
-"""report.json: the TuneResult, the settings that produced it (replayable with --config) and where it was published."""
+"""Writing report.json: the TuneResult, the settings that produced it (replayable with --config) and where it was published.
+
+Reading it back is records/report_file.py (validation and republish read reports too, and sit beside report/)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import SettingsError
-from optimizer.settings import ExportSettings, settings_from
-from optimizer.tune_strategy.result import TuneResult
+from optimizer.settings import ExportSettings
+from optimizer.records.tune_result import TuneResult
 
 
 def write_report(path: Path, result: TuneResult, settings: ExportSettings, published: Any = None, extra: dict[str, Any] | None = None) -> Path:
@@ -34,14 +36,3 @@ def _write_report(path: Path, result: TuneResult, settings: ExportSettings, publ
     os.replace(tmp, path)
     (path.parent / "settings.toml").write_text(settings.to_toml())
     return path
-
-
-def read_report(path: Path) -> tuple[TuneResult, ExportSettings, dict[str, Any]]:
-    """A report written by write_report: the result, the settings and the whole document."""
-    if not path.is_file():
-        raise SettingsError(f"report {str(path)!r} does not exist; give the report.json of a finished export.")
-    try:
-        doc = json.loads(path.read_text())
-        return TuneResult.from_json(doc["result"]), settings_from(doc["settings"]), doc
-    except (ValueError, KeyError, TypeError) as err:
-        raise SettingsError(f"{str(path)!r} is not an aitune-export report ({type(err).__name__}: {err}).") from err

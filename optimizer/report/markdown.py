@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from optimizer.task.evaluation import Candidate
-from optimizer.task.find_max_batch_size import LIMITS
-from optimizer.tune_strategy.result import TuneResult
+from optimizer.records.candidate import Candidate
+from optimizer.records.measurements import LIMITS
+from optimizer.records.tune_result import TuneResult
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def write_report_files(report_path: Path, out_dir: Path | None = None) -> Render
     """
     import json
 
-    from optimizer.report.json_report import read_report
+    from optimizer.records.report_file import read_report
     from optimizer.report.plots import write_plots
 
     result, _, doc = read_report(report_path)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer.tune_strategy.result import TuneResult
+from optimizer.records.tune_result import TuneResult
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -14,31 +14,25 @@ import inspect
 import json
 import logging
 import os
-import platform
 import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer.backend.base import Backend, cpu_cores
-from optimizer.task.evaluation import Candidate
-from optimizer.task.find_max_batch_size import BatchPolicy
+from optimizer.backend.base import Backend
+from optimizer.machine import machine_fingerprint
+from optimizer.records.candidate import Candidate
+from optimizer.records.measurements import BatchPolicy
 
 if TYPE_CHECKING:
-    from optimizer.tune_strategy.context import TuneContext
+    from optimizer.task.context import TuneContext
 
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
 TRUSTED_CONTENTION = 0.25
 """A measurement taken while other processes used more than this share of the CPU is not reused."""
-
-
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/aitune-export, else ~/.cache/aitune-export."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "aitune-export"
 
 
 def _hash_file(h: Any, path: Path) -> None:
@@ -49,7 +43,7 @@ def _hash_file(h: Any, path: Path) -> None:
 
 def model_fingerprint(ctx: TuneContext) -> str:
     """The model's content: its files, or its weights plus its code for Python sources."""
-    from optimizer import __version__
+    from optimizer._version import __version__
 
     h = hashlib.sha256()
     h.update(f"aitune-export {__version__} cache {CACHE_FORMAT}".encode())
@@ -78,16 +72,6 @@ def model_fingerprint(ctx: TuneContext) -> str:
         _hash_file(h, Path(path))
     h.update(json.dumps({k: [t.atol, t.rtol] for k, t in ctx.tolerances.items()}, sort_keys=True).encode())
     return h.hexdigest()
-
-
-def machine_fingerprint() -> str:
-    """Measurements are only comparable on the same CPU model, core count and host."""
-    cpu = ""
-    try:
-        cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{platform.node()}|{cpu}|{cpu_cores()}|{platform.machine()}"
 
 
 class ArtifactCache:

@@ -14,6 +14,8 @@ import gc
 import re
 import sys
 
+from optimizer.vocab import Device
+
 _MARKERS = (
     "out of memory",  # torch CUDA, CUDA runtime ("CUDA error: out of memory"), TensorRT's log
     "allocate",  # torch CPU allocator, ONNX Runtime's arena, OpenVINO
@@ -48,7 +50,7 @@ def _is_torch_oom(err: BaseException) -> bool:
 def release_device_memory(device: str) -> None:
     """Drop garbage and, on a GPU, hand torch's cached blocks back to the driver (before each probe)."""
     gc.collect()
-    if not device.startswith("cuda"):
+    if not Device.of(device).is_cuda:
         return
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():

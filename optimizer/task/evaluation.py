@@ -18,72 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.backend import backend_named
-from optimizer.backend.base import Artifact
-from optimizer.backend.base import first_line
+from optimizer.errors import first_line
+from optimizer.records.candidate import Candidate
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, ModelSource, load_source
-from optimizer.task.correctness import CorrectnessReport, Tolerance, compare_outputs
+from optimizer.records.correctness import CorrectnessReport, Tolerance
+from optimizer.task.correctness import compare_outputs
 from optimizer.task.device_memory import is_allocation_failure, release_device_memory
-from optimizer.task.find_max_batch_size import (
-    BatchPolicy,
-    MaxBatchDecision,
-    OutOfMemory,
-    TimeBudgetExceeded,
-    estimate_ceiling,
-    find_max_batch_size,
-)
+from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
+from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size
 from optimizer.task.profiling import ProfileSettings, measure
 
 log = logging.getLogger(__name__)
-
-STATUSES = ("passed", "failed", "unavailable", "skipped")
-"""Final statuses; "built" exists only between the two steps."""
-
-
-@dataclass
-class Candidate:
-    """A backend on a device and everything learned about it. `status` is "passed" only when it is deployable."""
-
-    name: str
-    backend: str
-    device: str
-    status: str = "skipped"
-    stage: str = ""  # where it stopped: availability, build, load, correctness, measure, crash, timeout
-    reason: str = ""
-    artifact: Artifact | None = None
-    build_s: float = 0.0
-    measure_s: float = 0.0
-    correctness: CorrectnessReport | None = None
-    decision: MaxBatchDecision | None = None
-    ceiling_estimate: int | None = None
-    log: str = ""
-    cached: str = ""  # "", "build" or "build+measure": what was reused from the cache
-    versions: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-    @property
-    def best_throughput(self) -> float:
-        return self.decision.best.throughput if self.decision is not None and self.decision.profiles else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["artifact"] = self.artifact.to_json() if self.artifact is not None else None
-        d["correctness"] = self.correctness.to_json() if self.correctness is not None else None
-        d["decision"] = self.decision.to_json() if self.decision is not None else None
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Candidate:
-        d = dict(d)
-        d["artifact"] = Artifact.from_json(d["artifact"]) if d.get("artifact") else None
-        d["correctness"] = CorrectnessReport.from_json(d["correctness"]) if d.get("correctness") else None
-        d["decision"] = MaxBatchDecision.from_json(d["decision"]) if d.get("decision") else None
-        return cls(**d)
-
 
 @dataclass
 class BuildJob:

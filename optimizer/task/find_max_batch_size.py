@@ -11,10 +11,9 @@ throughput) and the capacity ceiling are reported separately from the published 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from optimizer.task.profiling import BatchProfile
+from optimizer.records.measurements import BatchPolicy, BatchProfile, MaxBatchDecision
 
 
 class OutOfMemory(Exception):
@@ -23,105 +22,6 @@ class OutOfMemory(Exception):
 
 class TimeBudgetExceeded(Exception):
     """The tuning time budget ran out before the search finished."""
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """What limits the batch. `max_batch_size` None means auto (search up to `search_cap`)."""
-
-    max_batch_size: int | None = None
-    search_cap: int = 256
-    latency_budget_ms: float | None = None
-    percentile: int = 95
-    saturation_gain: float = 0.05
-    saturation_steps: int = 2
-    batch_sizes: tuple[int, ...] | None = None  # JIT: measure exactly these (recorded) sizes, no discovery
-
-    @property
-    def cap(self) -> int:
-        return self.max_batch_size or self.search_cap
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["batch_sizes"] = list(self.batch_sizes) if self.batch_sizes else None
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> BatchPolicy:
-        d = dict(d)
-        d["batch_sizes"] = tuple(d["batch_sizes"]) if d.get("batch_sizes") else None
-        return cls(**d)
-
-
-LIMITS = {
-    "memory": "an allocation failed above this size",
-    "latency_budget": "the latency budget was exceeded above this size",
-    "saturation": "throughput stopped growing",
-    "user_cap": "the requested --max-batch-size",
-    "search_cap": "the search cap",
-    "time_budget": "the time budget ran out",
-    "recorded": "the largest batch recorded in the samples (JIT workflow)",
-    "no_batching": "the model does not batch",
-}
-"""Why the published max_batch_size is what it is, by decision key."""
-
-
-@dataclass
-class MaxBatchDecision:
-    """The measured profiles and what they decided."""
-
-    profiles: list[BatchProfile]
-    max_batch_size: int
-    knee: int
-    best_batch: int
-    decided_by: str
-    ceiling: int | None = None  # largest size that fit when an allocation failed (None: not reached)
-    first_failure: int | None = None
-    failure: str = ""
-    over_budget: list[BatchProfile] = field(default_factory=list)  # sizes measured but above the latency budget
-
-    @property
-    def best(self) -> BatchProfile:
-        return next(p for p in self.profiles if p.batch_size == self.best_batch)
-
-    def profile_at(self, batch: int) -> BatchProfile | None:
-        return next((p for p in self.profiles if p.batch_size == batch), None)
-
-    @property
-    def explanation(self) -> str:
-        why = LIMITS.get(self.decided_by, self.decided_by)
-        text = f"max_batch_size {self.max_batch_size}: {why}"
-        if self.decided_by in ("memory", "latency_budget") and self.first_failure:
-            text += f" (first failing size {self.first_failure})"
-        return text + f"; knee at {self.knee}, best throughput at {self.best_batch}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "profiles": [p.to_json() for p in self.profiles],
-            "over_budget": [p.to_json() for p in self.over_budget],
-            "max_batch_size": self.max_batch_size,
-            "knee": self.knee,
-            "best_batch": self.best_batch,
-            "decided_by": self.decided_by,
-            "ceiling": self.ceiling,
-            "first_failure": self.first_failure,
-            "failure": self.failure,
-            "explanation": self.explanation,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> MaxBatchDecision:
-        return cls(
-            profiles=[BatchProfile.from_json(p) for p in d["profiles"]],
-            over_budget=[BatchProfile.from_json(p) for p in d.get("over_budget", [])],
-            max_batch_size=d["max_batch_size"],
-            knee=d["knee"],
-            best_batch=d["best_batch"],
-            decided_by=d["decided_by"],
-            ceiling=d.get("ceiling"),
-            first_failure=d.get("first_failure"),
-            failure=d.get("failure", ""),
-        )
 
 
 def knee_of(profiles: list[BatchProfile], gain: float) -> int:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+from optimizer.records.measurements import BatchProfile
 
 
 @dataclass(frozen=True)
@@ -25,35 +27,6 @@ class ProfileSettings:
     stable_windows: int = 3
     cv_threshold: float = 0.08
     time_cap_s: float = 3.0
-
-
-@dataclass
-class BatchProfile:
-    """One batch size's measurement. Latencies in milliseconds, throughput in samples per second."""
-
-    batch_size: int
-    p50_ms: float
-    p90_ms: float
-    p95_ms: float
-    p99_ms: float
-    mean_ms: float
-    throughput: float
-    runs: int
-    windows: int
-    stable: bool
-    cv: float
-    others_cpu_share: float  # share of the machine's CPU used by other processes during the windows (0..1)
-    peak_rss_mb: float = 0.0
-
-    def percentile_ms(self, percentile: int) -> float:
-        return {50: self.p50_ms, 90: self.p90_ms, 95: self.p95_ms, 99: self.p99_ms}[percentile]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> BatchProfile:
-        return cls(**d)
 
 
 class ContentionMeter:

@@ -6,9 +6,7 @@ report so `validate` can later send the same samples through Triton.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -17,23 +15,7 @@ from optimizer.model.reference import run_reference
 from optimizer.model.samples import Feed, correctness_points, generate_feed, save_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel
-
-
-@dataclass(frozen=True)
-class ReferenceSet:
-    """Paths of the sample and reference files and the label of each correctness case."""
-
-    feeds: str
-    outputs: str
-    points: list[str]
-    profile_feed: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ReferenceSet:
-        return cls(**d)
+from optimizer.records.reference_set import ReferenceSet
 
 
 def prepare_reference(model: LoadedModel, signature: Signature, user_feeds: list[Feed], directory: Path) -> ReferenceSet:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from optimizer.backend.base import Artifact
-from optimizer.backend.triton_platforms import PLATFORMS
+from optimizer.records.artifact import Artifact
+from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.errors import ConfigRuleError
 
 log = logging.getLogger(__name__)

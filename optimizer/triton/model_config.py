@@ -24,15 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimizer.backend.base import Artifact, device_kind
-from optimizer.backend.triton_platforms import TritonPlatform
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
+from optimizer.records.triton_platforms import TritonPlatform
 from optimizer.errors import PublishError, TemplateError
 from optimizer.model.signature import Signature, TensorSpec
 
 if TYPE_CHECKING:
-    from optimizer.task.find_max_batch_size import MaxBatchDecision
-    from optimizer.task.profiling import BatchProfile
-    from optimizer.tune_strategy.result import TuneResult
+    from optimizer.records.measurements import MaxBatchDecision
+    from optimizer.records.measurements import BatchProfile
+    from optimizer.records.tune_result import TuneResult
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def batching_plan(decision: MaxBatchDecision | None, max_batch_size: int, latenc
 def instance_group_for(artifact: Artifact, platform: TritonPlatform, count: int = 1) -> dict[str, Any]:
     """Explicit placement: KIND_CPU for CPU artifacts, KIND_GPU on the tuned GPU (and its engine profiles) for CUDA ones."""
     profiles = [str(p) for p in artifact.triton_settings.get("profiles", [])]
-    if device_kind(artifact.device) == "cuda" or platform.gpu_only:
+    if Device.of(artifact.device).kind == "cuda" or platform.gpu_only:
         index = int(artifact.device.split(":")[1]) if ":" in artifact.device else 0
         return {"kind": "KIND_GPU", "count": count, "gpus": [index], "profile": profiles}
     return {"kind": "KIND_CPU", "count": count, "gpus": [], "profile": profiles}
@@ -247,7 +248,7 @@ def config_signature(artifact: Artifact) -> tuple[Signature, dict[str, str]]:
     Platforms that address tensors by position (torch_aoti: the PyTorch backend reads INPUT__<i> /
     OUTPUT__<i>) get positional names; every other platform keeps the artifact's names.
     """
-    sig = artifact.sig
+    sig = Signature.from_json(artifact.signature)
     if artifact.platform is None or not artifact.platform.positional_io:
         return sig, {n: n for n in sig.input_names + sig.output_names}
     inputs = tuple(replace(t, name=f"INPUT__{i}") for i, t in enumerate(sig.inputs))

@@ -24,7 +24,7 @@ from optimizer.triton.repository import (
     check_repository,
     publish_model,
 )
-from optimizer.tune_strategy.result import TuneResult
+from optimizer.records.tune_result import TuneResult
 
 log = logging.getLogger(__name__)
 
@@ -172,28 +172,3 @@ def _write_perf_analyzer_input(report_dir: Path, result: TuneResult) -> str | No
     back = {original: config_name for config_name, original in renamed.items()}
     feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in load_feeds(feeds_path)]
     return str(write_input_data(report_dir / "perf_analyzer_input.json", feeds, sig.batching))
-
-
-def republish(report: Path, repository: Path | None = None, name: str | None = None, version: int | None = None,
-              overwrite: bool | None = None, template_dir: Path | None = None, warmup: bool | None = None) -> Published:
-    """`aitune-export publish REPORT.json`: re-emit the repository of a finished run without re-tuning.
-
-    Options left None come from the run's settings; the artifacts the report names must still exist.
-    """
-    from optimizer.report.json_report import read_report
-
-    result, settings, _ = read_report(report)
-    if result.selected is None:
-        raise PublishError(f"the run in {report} selected no candidate, so there is nothing to publish; see its candidates' reasons.")
-    templates = template_dir or (Path(settings.template_dir) if settings.template_dir else None)
-    options = PublishOptions(
-        repository=repository or Path(settings.repository),
-        name=name or settings.name or result.model_name,
-        version=version,
-        overwrite=bool(overwrite),
-        warmup=settings.warmup if warmup is None else warmup,
-        template_dir=templates,
-        report_dir=report.parent,
-    )
-    check_options(options)
-    return publish(result, options)

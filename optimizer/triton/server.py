@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from optimizer.errors import ValidationError
+from optimizer.machine import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +123,9 @@ class ServerHome:
         return {p.name for p in self.backends.iterdir() if (p / "model.py").is_file() and p.name not in self.native_backends()}
 
 
-def cache_root() -> Path:
-    """$AITUNE_EXPORT_CACHE, else $XDG_CACHE_HOME/aitune-export, else ~/.cache/aitune-export."""
-    if os.environ.get("AITUNE_EXPORT_CACHE"):
-        return Path(os.environ["AITUNE_EXPORT_CACHE"])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "aitune-export"
+def homes_root(cache_dir: str | Path | None = None) -> Path:
+    """Where server homes live: <the one cache root>/tritonserver (machine.cache_root; --cache-dir moves it)."""
+    return cache_root(cache_dir) / "tritonserver"
 
 
 def _home_key(install: TritonInstall) -> str:
@@ -143,7 +141,7 @@ def _home_key(install: TritonInstall) -> str:
 def prepare_home(install: TritonInstall | None = None, root: Path | None = None) -> ServerHome:
     """The server home for this install, made on first use (built aside, then renamed into place atomically)."""
     install = install or find_triton()
-    root = root or cache_root()
+    root = root or homes_root()
     home = ServerHome(root / _home_key(install), install.pytriton_version)
     if home.binary.is_file():
         return home
@@ -458,7 +456,7 @@ def tritonserver_status() -> dict[str, Any]:
     except ToolMissing as err:
         return {"name": "tritonserver", "found": False, "path": None, "reason": str(err)}
     stand_ins = sorted(stand_in_backends())
-    home = cache_root() / _home_key(install)
+    home = homes_root() / _home_key(install)
     return {
         "name": "tritonserver",
         "found": True,

@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.backend.triton_platforms import PLATFORMS
+from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.events import Event, EventSink, ignore
 from optimizer.errors import RepositoryError, SettingsError, TemplateError, ValidationError
 from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import Feed, load_feeds, tile_feed
-from optimizer.task.correctness import CorrectnessCase, Tolerance, compare_outputs
+from optimizer.records.correctness import CorrectnessCase, Tolerance
+from optimizer.task.correctness import compare_outputs
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.server import LocalTritonServer, ServerHome, find_triton, open_client, prepare_home, triton_message
 
@@ -562,7 +563,7 @@ def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any],
 
 def _shape_case(point: str, names: list[str], dtypes: list[str], actual: list[np.ndarray], feed: Feed, served: dict[str, Any]) -> CorrectnessCase:
     """Without a reference: every output has the config's dtype and dims (batch axis = the request's)."""
-    from optimizer.task.correctness import OutputError
+    from optimizer.records.correctness import OutputError
 
     batch = [next(iter(feed.values())).shape[0]] if _max_batch(served) > 0 else []
     results = []

@@ -11,7 +11,7 @@ from optimizer.tune_strategy.min_latency_strategy import MinLatencyStrategy
 from optimizer.tune_strategy.mixin.find_max_batch_size_mixin import FindMaxBatchSizeMixin
 from optimizer.tune_strategy.multi_backend_strategy import MultiBackendStrategy
 from optimizer.tune_strategy.one_backend_strategy import OneBackendStrategy
-from optimizer.tune_strategy.result import TuneResult
+from optimizer.records.tune_result import TuneResult
 from optimizer.tune_strategy.tune_strategy import TuneStrategy
 
 STRATEGIES = MappingProxyType(

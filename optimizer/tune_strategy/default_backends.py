@@ -1,6 +1,8 @@
-"""The default candidate lists shared by the concrete strategies (one place to change them)."""
+"""The default candidate lists, written once, and the mixin that gives them to the strategies that use them."""
 
 from __future__ import annotations
+
+from optimizer.vocab import Device
 
 AOT = ("torchscript", "onnxruntime", "openvino", "torch-aoti")
 """AOT candidates for an ordinary module, in the order they are tried (FirstWins honours it).
@@ -19,11 +21,23 @@ JIT = ("torchscript", "onnxruntime")
 JIT_DISTRIBUTED = ("torchscript",)
 
 
-def aot(distributed: bool, device: str = "cpu") -> list[str]:
+def aot(distributed: bool, device: Device | str = "cpu") -> list[str]:
+    """The AOT defaults for a module of this kind on `device` (GPU engines first on CUDA)."""
     if distributed:
         return list(AOT_DISTRIBUTED)
-    return list(AOT_CUDA + AOT) if device.startswith("cuda") else list(AOT)
+    return list(AOT_CUDA + AOT) if Device.of(device).is_cuda else list(AOT)
 
 
 def jit(distributed: bool) -> list[str]:
+    """The JIT defaults for a module of this kind."""
     return list(JIT_DISTRIBUTED if distributed else JIT)
+
+
+class DefaultBackendsMixin:
+    """The standard lists above as the two defaults MultiBackendStrategy asks for; list it before that base."""
+
+    def _default_aot_backends(self, distributed: bool, device: Device) -> list[str]:
+        return aot(distributed, device)
+
+    def _default_jit_backends(self, distributed: bool) -> list[str]:
+        return jit(distributed)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from optimizer.errors import SettingsError
-from optimizer.task.evaluation import Candidate
-from optimizer.tune_strategy import default_backends
+from optimizer.records.candidate import Candidate
+from optimizer.tune_strategy.default_backends import DefaultBackendsMixin
 from optimizer.tune_strategy.multi_backend_strategy import MultiBackendStrategy
 
 
-class LatencyBudgetStrategy(MultiBackendStrategy):
+class LatencyBudgetStrategy(DefaultBackendsMixin, MultiBackendStrategy):
     """The batch search stops at the budget; ranking uses only batch sizes whose percentile fits it."""
 
     name = "latency-budget"
@@ -25,12 +25,6 @@ class LatencyBudgetStrategy(MultiBackendStrategy):
     @property
     def budget_ms(self) -> float:
         return float(self.latency_budget_ms or 0.0)
-
-    def _default_aot_backends(self, distributed: bool) -> list[str]:
-        return default_backends.aot(distributed, self.device)
-
-    def _default_jit_backends(self, distributed: bool) -> list[str]:
-        return default_backends.jit(distributed)
 
     def _metric(self, cand: Candidate) -> float | None:
         if not cand.decision:

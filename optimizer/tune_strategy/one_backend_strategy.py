@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from optimizer.backend import Backend
-from optimizer.task.evaluation import Candidate
+from optimizer.records.candidate import Candidate
 from optimizer.tune_strategy.multi_backend_strategy import MultiBackendStrategy
+from optimizer.vocab import Device
 
 
 class OneBackendStrategy(MultiBackendStrategy):
@@ -18,8 +19,8 @@ class OneBackendStrategy(MultiBackendStrategy):
         kwargs.pop("backends", None)
         super().__init__(backends=[backend], **kwargs)
 
-    def _default_aot_backends(self, distributed: bool) -> list[str]:
-        return []
+    def _default_aot_backends(self, distributed: bool, device: Device) -> list[str]:
+        return []  # never asked: the list is always explicit
 
     def _default_jit_backends(self, distributed: bool) -> list[str]:
         return []

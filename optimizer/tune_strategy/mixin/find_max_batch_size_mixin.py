@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from optimizer.errors import SettingsError
-from optimizer.task.find_max_batch_size import BatchPolicy
-
-PERCENTILES = (50, 90, 95, 99)
+from optimizer.records.measurements import BatchPolicy
+from optimizer.vocab import MAX_BATCH_SIZE_LIMIT, PERCENTILES
 
 
 class FindMaxBatchSizeMixin:
@@ -30,8 +29,8 @@ class FindMaxBatchSizeMixin:
                 self.max_batch_size = int(max_batch_size)
             except (TypeError, ValueError):
                 raise SettingsError(f"max_batch_size {max_batch_size!r} is not a number or 'auto'.") from None
-            if self.max_batch_size < 1:
-                raise SettingsError(f"max_batch_size {self.max_batch_size} must be >= 1 (or 'auto').")
+            if not 1 <= self.max_batch_size <= MAX_BATCH_SIZE_LIMIT:
+                raise SettingsError(f"max_batch_size {self.max_batch_size} must be from 1 to {MAX_BATCH_SIZE_LIMIT} (Triton's int32), or 'auto'.")
         if latency_budget_ms is not None and latency_budget_ms <= 0:
             raise SettingsError(f"latency budget {latency_budget_ms} ms must be positive.")
         if percentile not in PERCENTILES:

@@ -1,4 +1,4 @@
-"""The pipeline: load -> signature -> reference -> tune -> publish -> report (-> validate).
+"""The export use case: plan -> load -> signature -> reference -> tune -> publish -> report (-> validate).
 
 It reads as a list of phase calls; each phase lives in its own module.
 """
@@ -11,25 +11,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optimizer.backend.precision import check_precision
+from optimizer.app.plan import plan_run
 from optimizer.errors import ConfigRuleError, Interrupted, NoCandidateError, PublishError, SettingsError, TemplateError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz
-from optimizer.model.signature import Signature, parse_input_spec, parse_output_names, parse_value_range
+from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, from_module, load_model
+from optimizer.records.tune_result import TuneResult
 from optimizer.report.json_report import write_report
 from optimizer.report.markdown import write_report_files
 from optimizer.settings import ExportSettings
-from optimizer.task.cache import ArtifactCache, default_cache_dir
-from optimizer.task.correctness import parse_tolerances
+from optimizer.task.cache import ArtifactCache
+from optimizer.task.context import TuneContext
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
-from optimizer.triton.publish import PublishOptions, check_options, publish
+from optimizer.triton.publish import PublishOptions, publish
 from optimizer.triton.repository import Published, check_model_name, check_target_free
-from optimizer.tune_strategy import STRATEGIES, TuneResult, TuneStrategy
-from optimizer.tune_strategy.context import TuneContext
-from optimizer.tune_strategy.multi_backend_strategy import check_backend_names
 
 log = logging.getLogger(__name__)
 
@@ -42,38 +40,6 @@ class ExportOutcome:
     published: Published | None
     report_path: Path
     validation: Any = None
-
-
-def build_strategy(settings: ExportSettings) -> TuneStrategy:
-    """The strategy object the settings describe (all argument errors surface here, before loading)."""
-    if settings.strategy not in STRATEGIES:
-        raise SettingsError(f"unknown strategy {settings.strategy!r}; choose from: {', '.join(STRATEGIES)}.")
-    check_backend_names(settings.backend)
-    common: dict[str, Any] = dict(
-        eager_gate=settings.eager_gate,
-        max_batch_size=settings.max_batch(),
-        percentile=int(settings.percentile),
-        memory_budget_mb=settings.memory_budget_mb(),
-        workflow=settings.workflow,
-    )
-    cls = STRATEGIES[settings.strategy]
-    if settings.strategy == "one-backend":
-        if len(settings.backend) != 1:
-            raise SettingsError(f"--strategy one-backend needs exactly one --backend, got {len(settings.backend)}.")
-        return cls(settings.backend[0], latency_budget_ms=settings.latency_budget_ms, **common)
-    if settings.strategy == "latency-budget":
-        if settings.latency_budget_ms is None:
-            raise SettingsError("--strategy latency-budget needs --latency-budget-ms MS.")
-        return cls(budget_ms=settings.latency_budget_ms, backends=settings.backend or None, **common)
-    return cls(backends=settings.backend or None, latency_budget_ms=settings.latency_budget_ms, **common)
-
-
-def parse_model_options(settings: ExportSettings) -> tuple[list, dict, list[str]]:
-    """--input, --value-range and --output-names, parsed before the model is loaded."""
-    specs = [parse_input_spec(s) for s in settings.input]
-    ranges = dict(parse_value_range(s) for s in settings.value_range)
-    outputs = parse_output_names(settings.output_names)
-    return specs, ranges, outputs
 
 
 def report_dir_for(settings: ExportSettings, name: str) -> Path:
@@ -91,28 +57,9 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     """Tune MODEL (or `module`) and publish the winner into the repository. See ExportSettings for every option."""
     settings = settings or ExportSettings()
     t0 = time.perf_counter()
-    # 1. everything that can be checked without loading the model
-    specs, ranges, output_names = parse_model_options(settings)
-    tolerances = parse_tolerances(settings.tolerance)
-    strategy = build_strategy(settings)
-    if settings.device != "cpu" and not settings.device.startswith("cuda"):
-        raise SettingsError(f"--device {settings.device!r} is not cpu or cuda[:N].")
-    check_precision(settings.precision, settings.device)
-    if settings.name:
-        check_model_name(settings.name)
-    check_options(PublishOptions(Path(settings.repository), settings.name or "model"))
-    if settings.samples and not Path(settings.samples).exists():
-        raise SettingsError(f"--samples file {settings.samples!r} does not exist; give an .npz with one array per input.")
-    if settings.template_dir and not Path(settings.template_dir).is_dir():
-        raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
-    if settings.validate:  # a missing tool or a bad range fails now, not after tuning
-        from optimizer.triton.perf_analyzer import ConcurrencyRange, find_perf_analyzer
-        from optimizer.triton.server import find_triton
-
-        ConcurrencyRange.parse(settings.validate_concurrency)
-        find_triton(), find_perf_analyzer()
-    if settings.workflow == "jit" and not settings.samples:
-        raise SettingsError("--workflow jit measures only the batch sizes recorded in --samples; add --samples FILE.npz.")
+    # 1. every check that needs no model, once
+    plan = plan_run(settings)
+    strategy = plan.strategy
 
     # 2. load
     on_event(Event("load", "start", message=settings.model or "bundled example"))
@@ -125,7 +72,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
 
     # 3. signature and reference
     on_event(Event("signature", "start"))
-    signature = resolve_signature(model, specs, ranges, output_names, settings.batching)
+    signature = resolve_signature(model, plan.input_specs, plan.value_ranges, plan.output_names, settings.batching)
     user_feeds = load_npz(Path(settings.samples), signature) if settings.samples else []
     on_event(Event("signature", "done", message=_describe(signature)))
     work = report_dir / "work"
@@ -143,17 +90,18 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         signature=signature,
         reference=reference,
         workdir=work,
-        device=settings.device,
+        device=plan.device,
         precision=settings.precision,
         recorded_batch_sizes=tuple(batch_sizes_of(user_feeds)) if user_feeds and signature.batching else (),
         build_timeout_s=settings.build_timeout_s,
         profile_timeout_s=settings.profile_timeout_s,
         time_budget_s=settings.time_budget_s,
         profile=ProfileSettings(),
-        tolerances=tolerances,
+        tolerances=plan.tolerances,
         state_dict=state_dict,
         on_event=on_event,
-        cache=ArtifactCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()) if settings.cache else None,
+        cache=ArtifactCache(plan.cache_root) if settings.cache else None,
+        cache_root=plan.cache_root,
     )
     result = strategy.tune(ctx)
     result.model_name = name
@@ -184,7 +132,8 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
         from optimizer.triton.validate import validate
 
-        validation = validate(Path(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir, on_event=on_event)
+        validation = validate(Path(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir,
+                              on_event=on_event, cache_dir=plan.cache_root)
         write_report_files(report_path)  # again, now with the validation section
     return ExportOutcome(result, published, report_path, validation)
 

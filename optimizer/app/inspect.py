@@ -12,16 +12,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimizer.backend import EAGER, Backend, backend_named
-from optimizer.errors import SettingsError
-from optimizer.export import build_strategy, parse_model_options
+from optimizer.app.plan import plan_run
+from optimizer.backend import EAGER, backend_named
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, correctness_points, load_npz
 from optimizer.model.signature import Signature, TensorSpec
-from optimizer.model.source import LoadedModel, load_model
+from optimizer.model.source import load_model
 from optimizer.settings import ExportSettings
-from optimizer.task.correctness import DEFAULT_TOLERANCES
+from optimizer.task.correctness import DEFAULT_TOLERANCES, precision_tolerances
 from optimizer.task.profiling import ProfileSettings
+from optimizer.task.screening import screen
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,10 @@ class Inspection:
 
 def inspect_model(settings: ExportSettings) -> Inspection:
     """Load MODEL, infer its signature and plan the candidates exactly as `export` would, building nothing."""
-    specs, ranges, output_names = parse_model_options(settings)
-    strategy = build_strategy(settings)
-    if settings.device != "cpu" and not settings.device.startswith("cuda"):
-        raise SettingsError(f"--device {settings.device!r} is not cpu or cuda[:N].")
+    plan = plan_run(settings, publishing=False)
+    strategy, device = plan.strategy, plan.device
     model = load_model(settings.model)
-    signature = resolve_signature(model, specs, ranges, output_names, settings.batching)
+    signature = resolve_signature(model, plan.input_specs, plan.value_ranges, plan.output_names, settings.batching)
     recorded: list[int] = []
     if settings.samples:
         feeds = load_npz(Path(settings.samples), signature)
@@ -78,12 +76,16 @@ def inspect_model(settings: ExportSettings) -> Inspection:
     plans = []
     if strategy.eager_gate != "disabled" and model.format == "torch":
         eager = backend_named(EAGER)
-        av = eager.availability(settings.device)
-        plans.append(CandidatePlan(eager.candidate_name(settings.device), eager.name, "baseline", None, None, bool(av),
+        av = eager.availability(device)
+        plans.append(CandidatePlan(eager.candidate_name(device), eager.name, "baseline", None, None, bool(av),
                                    av.reason or f"measured as the baseline (eager gate {strategy.eager_gate})"))
-    plans += [_plan(b, model, settings.device) for b in strategy.candidate_backends(model.module)]
+    for backend in strategy.candidate_backends(model.module, device):  # the list, and the order, export tries
+        backend = backend.for_run(settings.precision, plan.cache_root)
+        s = screen(backend, model.format, device)
+        plans.append(CandidatePlan(s.name, backend.name, "candidate", backend.triton_platform, backend.model_filename, s.runnable, s.reason))
     policy = strategy.batch_policy(tuple(recorded))
     budget = settings.memory_budget_mb()
+    overrides = precision_tolerances(signature, settings.precision, plan.tolerances)
     return Inspection(
         model={
             "spec": settings.model or "bundled example",
@@ -97,7 +99,8 @@ def inspect_model(settings: ExportSettings) -> Inspection:
         strategy={
             "name": strategy.name,
             "workflow": settings.workflow,
-            "device": settings.device,
+            "device": str(device),
+            "precision": settings.precision,
             "eager_gate": strategy.eager_gate,
             "batch_policy": policy.to_json(),
             "memory_budget_mb": None if budget is None else round(budget),
@@ -107,23 +110,10 @@ def inspect_model(settings: ExportSettings) -> Inspection:
             "profile": asdict(ProfileSettings()),
             "correctness_points": [p.label for p in correctness_points(signature)],
             "tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in DEFAULT_TOLERANCES.items()},
+            "tolerance_overrides": {k or "*": {"atol": t.atol, "rtol": t.rtol} for k, t in overrides.items()},
         },
         recorded_batch_sizes=recorded,
     )
-
-
-def _plan(backend: Backend, model: LoadedModel, device: str) -> CandidatePlan:
-    """The same screening the strategy does before it starts a candidate's process."""
-    name = backend.candidate_name(device)
-    plan = CandidatePlan(name, backend.name, "candidate", backend.triton_platform, backend.model_filename, False)
-    if model.format not in backend.consumes:
-        plan.reason = f"{backend.name} cannot build from a {model.format} model (it takes: {', '.join(sorted(backend.consumes))})"
-    elif not backend.publishable:
-        plan.reason = f"{backend.name} is a baseline and is never published"
-    else:
-        av = backend.availability(device)
-        plan.will_run, plan.reason = bool(av), av.reason
-    return plan
 
 
 def _tensor_json(t: TensorSpec) -> dict[str, Any]:
@@ -177,7 +167,8 @@ def describe(inspection: Inspection) -> list[str]:
         f"  time limits       time budget {_seconds(st['time_budget_s'])}, build timeout {_seconds(st['build_timeout_s'])}, "
         f"profile timeout {_seconds(st['profile_timeout_s'])}",
         f"  correctness       at {'; '.join(st['correctness_points'])}; "
-        + ", ".join(f"{k} atol {v['atol']:g} rtol {v['rtol']:g}" for k, v in st["tolerances"].items()) + "; integers exact",
+        + ", ".join(f"{k} atol {v['atol']:g} rtol {v['rtol']:g}" for k, v in st["tolerances"].items()) + "; integers exact"
+        + "".join(f"; output {k}: atol {v['atol']:g} rtol {v['rtol']:g} (override)" for k, v in st["tolerance_overrides"].items()),
         f"  profiling         {prof['warmup_runs']} warmup runs, {prof['window_s']:g} s windows until {prof['stable_windows']} "
         f"in a row vary under {100 * prof['cv_threshold']:g}%, at most {prof['time_cap_s']:g} s per batch size",
     ]

@@ -1,4 +1,5 @@
-"""TuneContext: what a strategy needs to tune one model, gathered by the pipeline."""
+"""TuneContext: what one tuning run needs (model, signature, reference, limits), handed from the app to the
+strategy and on to the scheduler and the cache."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 from optimizer.events import EventSink, ignore
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel
-from optimizer.task.correctness import Tolerance
+from optimizer.records.correctness import Tolerance
 from optimizer.task.profiling import ProfileSettings
-from optimizer.task.reference_set import ReferenceSet
+from optimizer.records.reference_set import ReferenceSet
+from optimizer.vocab import Device
 
 
 @dataclass
@@ -22,7 +24,7 @@ class TuneContext:
     signature: Signature
     reference: ReferenceSet
     workdir: Path
-    device: str = "cpu"
+    device: Device | str = "cpu"  # a Device from the plan; text is accepted and parsed (tests, the Python API)
     precision: str = "fp32"  # --precision every candidate builds at (eager, the baseline, stays fp32)
     recorded_batch_sizes: tuple[int, ...] = ()
     build_timeout_s: float | None = 900.0
@@ -32,4 +34,8 @@ class TuneContext:
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     state_dict: str | None = None
     on_event: EventSink = ignore
-    cache: Any = None  # optimizer.task.cache.ArtifactCache when caching is on
+    cache: Any = None  # a task.cache.ArtifactCache (which reads this context: no import back); None: --no-cache
+    cache_root: Path | None = None  # the one cache root (machine.cache_root); backends that keep caches use it
+
+    def __post_init__(self) -> None:
+        self.device = Device.of(self.device)

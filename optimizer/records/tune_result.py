@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from optimizer.errors import PublishError
-from optimizer.task.evaluation import Candidate
-from optimizer.task.reference_set import ReferenceSet
+from optimizer.records.candidate import Candidate
+from optimizer.records.reference_set import ReferenceSet
 
 SCHEMA = 1
 

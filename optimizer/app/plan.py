@@ -1,0 +1,95 @@
+"""RunPlan: settings turned into checked values, every check made once, before the model is loaded.
+
+`export` and `inspect` both start here, so they agree on the device, the strategy, the candidates'
+precision and the tolerances; bad input fails here, in one line, before any work or any write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.backend.precision import check_precision
+from optimizer.errors import SettingsError
+from optimizer.machine import cache_root
+from optimizer.model.signature import InputSpec, parse_input_spec, parse_output_names, parse_value_range
+from optimizer.records.correctness import Tolerance
+from optimizer.settings import ExportSettings
+from optimizer.task.correctness import parse_tolerances
+from optimizer.triton.publish import PublishOptions, check_options
+from optimizer.triton.repository import check_model_name
+from optimizer.tune_strategy import STRATEGIES, TuneStrategy
+from optimizer.tune_strategy.multi_backend_strategy import check_backend_names
+from optimizer.vocab import Device
+
+
+@dataclass
+class RunPlan:
+    """The settings as values the pipeline uses directly: no later step parses a flag again."""
+
+    settings: ExportSettings
+    device: Device
+    strategy: TuneStrategy
+    input_specs: list[InputSpec] = field(default_factory=list)
+    value_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    output_names: list[str] = field(default_factory=list)
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)
+    cache_root: Path = field(default_factory=cache_root)
+
+
+def build_strategy(settings: ExportSettings) -> TuneStrategy:
+    """The strategy object the settings describe (all argument errors surface here, before loading)."""
+    if settings.strategy not in STRATEGIES:
+        raise SettingsError(f"unknown strategy {settings.strategy!r}; choose from: {', '.join(STRATEGIES)}.")
+    check_backend_names(settings.backend)
+    common: dict[str, Any] = dict(
+        eager_gate=settings.eager_gate,
+        max_batch_size=settings.max_batch(),
+        percentile=int(settings.percentile),
+        memory_budget_mb=settings.memory_budget_mb(),
+        workflow=settings.workflow,
+    )
+    cls = STRATEGIES[settings.strategy]
+    if settings.strategy == "one-backend":
+        if len(settings.backend) != 1:
+            raise SettingsError(f"--strategy one-backend needs exactly one --backend, got {len(settings.backend)}.")
+        return cls(settings.backend[0], latency_budget_ms=settings.latency_budget_ms, **common)
+    if settings.strategy == "latency-budget":
+        if settings.latency_budget_ms is None:
+            raise SettingsError("--strategy latency-budget needs --latency-budget-ms MS.")
+        return cls(budget_ms=settings.latency_budget_ms, backends=settings.backend or None, **common)
+    return cls(backends=settings.backend or None, latency_budget_ms=settings.latency_budget_ms, **common)
+
+
+def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
+    """Check every setting once and return the plan; `publishing=False` (inspect) skips the publish-side checks."""
+    plan = RunPlan(
+        settings=settings,
+        device=Device.parse(settings.device),
+        strategy=build_strategy(settings),
+        input_specs=[parse_input_spec(s) for s in settings.input],
+        value_ranges=dict(parse_value_range(s) for s in settings.value_range),
+        output_names=parse_output_names(settings.output_names),
+        tolerances=parse_tolerances(settings.tolerance),
+        cache_root=cache_root(settings.cache_dir),
+    )
+    check_precision(settings.precision, plan.device)
+    if settings.samples and not Path(settings.samples).exists():
+        raise SettingsError(f"--samples file {settings.samples!r} does not exist; give an .npz with one array per input.")
+    if settings.workflow == "jit" and not settings.samples:
+        raise SettingsError("--workflow jit measures only the batch sizes recorded in --samples; add --samples FILE.npz.")
+    if not publishing:
+        return plan
+    if settings.name:
+        check_model_name(settings.name)
+    check_options(PublishOptions(Path(settings.repository), settings.name or "model"))
+    if settings.template_dir and not Path(settings.template_dir).is_dir():
+        raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
+    if settings.validate:  # a missing tool or a bad range fails now, not after tuning
+        from optimizer.triton.perf_analyzer import ConcurrencyRange, find_perf_analyzer
+        from optimizer.triton.server import find_triton
+
+        ConcurrencyRange.parse(settings.validate_concurrency)
+        find_triton(), find_perf_analyzer()
+    return plan

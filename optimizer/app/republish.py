@@ -1,0 +1,33 @@
+"""The republish use case: `aitune-export publish REPORT.json` re-emits a finished run's repository, no tuning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from optimizer.errors import PublishError
+from optimizer.records.report_file import read_report
+from optimizer.triton.publish import PublishOptions, check_options, publish
+from optimizer.triton.repository import Published
+
+
+def republish(report: Path, repository: Path | None = None, name: str | None = None, version: int | None = None,
+              overwrite: bool | None = None, template_dir: Path | None = None, warmup: bool | None = None) -> Published:
+    """`aitune-export publish REPORT.json`: re-emit the repository of a finished run without re-tuning.
+
+    Options left None come from the run's settings; the artifacts the report names must still exist.
+    """
+    result, settings, _ = read_report(report)
+    if result.selected is None:
+        raise PublishError(f"the run in {report} selected no candidate, so there is nothing to publish; see its candidates' reasons.")
+    templates = template_dir or (Path(settings.template_dir) if settings.template_dir else None)
+    options = PublishOptions(
+        repository=repository or Path(settings.repository),
+        name=name or settings.name or result.model_name,
+        version=version,
+        overwrite=bool(overwrite),
+        warmup=settings.warmup if warmup is None else warmup,
+        template_dir=templates,
+        report_dir=report.parent,
+    )
+    check_options(options)
+    return publish(result, options)
