@@ -51,6 +51,7 @@ CASES = [
     (["--report-dir", "report_file"], 2, "is a file"),
     (["--repository", "/proc/aitune-repo"], 2, "choose a writable --repository"),
     (["--version", "0"], 2, "must be >= 1"),
+    (["--max-batch-size", "0"], 2, "--max-batch-size 0 must be from 1 to"),
     (["--device", "tpu"], 2, "is not cpu or cuda"),
     (["--workflow", "jit"], 2, "--workflow jit measures only the batch sizes recorded in --samples"),
     (["--strategy", "one-backend", "--backend", "onnxruntime", "--backend", "torchscript"], 2, "exactly one --backend"),

@@ -74,3 +74,17 @@ def test_bad_spec_is_one_line_exit_2(in_tmp: Path):
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "model's inputs are: image" in r.stderr
     assert tree_snapshot(in_tmp) == {}
+
+
+def test_cuda_lists_exactly_what_export_tries_in_order_with_the_given_tolerances(in_tmp: Path):
+    """inspect and export plan from the same RunPlan: on --device cuda both try the GPU engines first."""
+    from tests.conftest import run_cli
+
+    doc = _inspect("--device", "cuda", "--eager-gate", "disabled", "--tolerance", "1e-3", "--tolerance", "output__0=2e-3,1e-2")
+    planned = [c["name"] for c in doc["candidates"]]
+    assert planned[:2] == ["tensorrt[cuda]", "onnxruntime-trt[cuda]"] and "onnxruntime[cuda]" in planned
+    assert doc["strategy"]["tolerance_overrides"] == {"*": {"atol": 1e-3, "rtol": 1e-3}, "output__0": {"atol": 2e-3, "rtol": 1e-2}}
+    # export on this machine (no GPU here, or one without TensorRT) records every candidate it tried, in order
+    r = run_cli("export", "--device", "cuda", "--eager-gate", "disabled", "--json", "--report-dir", "rep", cwd=in_tmp)
+    tried = [c["name"] for c in json.loads((in_tmp / "rep" / "report.json").read_text())["result"]["candidates"]]
+    assert tried == planned, r.stderr

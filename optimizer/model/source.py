@@ -2,6 +2,10 @@
 
 A `ModelSource` is plain data so that a child process can load the same model again
 (candidates are built and measured in their own processes).
+
+Over 400 lines because every MODEL form a user can give (callable, file.py:callable, TorchScript,
+.pt2, .onnx, a pickled module) is recognised and loaded here, with one clear error each: splitting
+the forms apart would scatter the one place that says what MODEL may be.
 """
 
 from __future__ import annotations

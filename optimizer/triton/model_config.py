@@ -12,6 +12,9 @@ What the spec takes from a backend's `Artifact.triton_settings` (all keys option
     cuda_graphs           TensorRT: optimization { cuda { graphs: true } }
     profiles              TensorRT: the engine profiles the instance group uses (["0", ...])
 and from `Artifact.metadata`: `engine_max_batch` (TensorRT: the largest batch every profile accepts).
+
+Over 400 lines because the spec, its rendering and its canonical parse are one round trip that must
+agree field by field; the rules it is checked against live apart, in config_rules.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ The server runs on free loopback ports in explicit model-control mode (a model t
 gives Triton's own error text) and is always stopped on exit: clients closed, SIGTERM, a wait, then
 SIGKILL of its process group; its python-backend shared-memory regions carry a per-server prefix and
 are removed if the server could not remove them. Two servers at once never share a port or a region.
+
+Over 400 lines because finding the install, preparing the home and the start/stop life cycle are
+one recipe (reference/triton_runtime.md) whose steps depend on each other's paths and must be read
+together when the server fails to start.
 """
 
 from __future__ import annotations
