@@ -265,7 +265,7 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
     1 when a check fails (or the model cannot be validated here); 2 for bad usage.
     """
     from optimizer.errors import SettingsError
-    from optimizer.triton.validate import validate as run_validate
+    from optimizer.triton.validation import validate as run_validate
 
     from optimizer.report.progress import choose_progress
 

@@ -182,7 +182,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     on_event(Event("report", "done", message=f"{report_path} (+ {', '.join(p.name for p in [rendered.markdown, *rendered.plots.values()])})"))
     validation = None
     if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
-        from optimizer.triton.validate import validate
+        from optimizer.triton.validation import validate
 
         validation = validate(Path(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir, on_event=on_event)
         write_report_files(report_path)  # again, now with the validation section
