@@ -28,7 +28,8 @@ from optimizer.triton.model_config import canonical  # noqa: E402
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfRow, PerfSettings, run_perf_analyzer, write_input_data  # noqa: E402
 from optimizer.triton.repository import copy_model_tree as copy_tree  # noqa: E402
 from optimizer.triton.server import LocalTritonServer  # noqa: E402
-from optimizer.triton.validate import ModelTarget, reference_feeds, find_export_report, load_export_reference, resolve_target  # noqa: E402
+from optimizer.triton.validation import ModelTarget, find_export_report, load_export_reference, resolve_target  # noqa: E402
+from optimizer.triton.validation.checks import reference_feeds  # noqa: E402
 
 
 def naive_config(target: ModelTarget, name: str) -> str:

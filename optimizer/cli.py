@@ -256,17 +256,20 @@ def report_command(report_json: str, output_dir: str | None) -> None:
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Folder for validation.json; its report.json (the export's) supplies samples and the prediction "
                    "(default: the export's report folder, else aitune-reports/NAME beside REPO).")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="The cache root, as for export: the local tritonserver's home is prepared under it "
+                   "(default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).")
 @click.option("--json", "as_json", is_flag=True, help="Print the validation record (validation.json) on stdout.")
 @click.pass_context
 def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, local: bool, protocol: str, concurrency: str,
-             report_dir: str | None, as_json: bool) -> None:
+             report_dir: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Load REPO's model into a real Triton, check its answers over HTTP and gRPC and measure it with perf_analyzer.
 
     Exit status 0 when the model loads, answers like the eager reference and perf_analyzer measured it;
     1 when a check fails (or the model cannot be validated here); 2 for bad usage.
     """
     from optimizer.errors import SettingsError
-    from optimizer.triton.validate import validate as run_validate
+    from optimizer.triton.validation import validate as run_validate
 
     from optimizer.report.progress import choose_progress
 
@@ -274,7 +277,8 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
         _fail(SettingsError("give either --url HOST:PORT (a running server) or --local (start one), not both."))
     with choose_progress(ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
         record = _run_guarded(lambda: run_validate(Path(repo), model, url=url, protocol=protocol, concurrency=concurrency,
-                                                   report_dir=Path(report_dir) if report_dir else None, on_event=progress))
+                                                   report_dir=Path(report_dir) if report_dir else None, on_event=progress,
+                                                   cache_dir=cache_dir))
     if as_json:
         click.echo(json.dumps(record.to_json(), indent=2, default=str))
     else:

@@ -143,9 +143,9 @@ def test_a_run_where_nothing_passed_still_renders():
 
 
 def _validation(**overrides):
-    """A validation.json as optimizer/triton/validate.py writes it (the real record, not a lookalike)."""
+    """A validation.json as optimizer/triton/validation/record.py writes it (the real record, not a lookalike)."""
     from optimizer.triton.perf_analyzer import PerfRow
-    from optimizer.triton.validate import AnswerCheck, ValidationRecord
+    from optimizer.triton.validation import AnswerCheck, ValidationRecord
 
     rows = [PerfRow(1, 80.0, 12.0, 13.0, 14.5, 15.0, inference_count=400, execution_count=400),
             PerfRow(4, 150.0, 30.0, 35.0, 41.0, 50.2, inference_count=900, execution_count=300)]

@@ -94,6 +94,20 @@ def test_dtype_table_matches_torch_and_onnx():
         assert onnx.helper.tensor_dtype_to_np_dtype(dt.onnx_elem_type).name == ("float32" if dt.name == "bfloat16" else dt.name) or dt.name == "bfloat16"
 
 
+
+def test_every_triton_type_has_its_byte_size():
+    """config_rules sizes warmup files from this; TYPE_STRING has no fixed size."""
+    import torch
+    from tritonclient.grpc import model_config_pb2
+
+    from optimizer.model.dtypes import triton_itemsize
+
+    for dt in DTYPES.values():
+        assert triton_itemsize(dt.triton) == dt.itemsize == torch.empty(0, dtype=getattr(torch, dt.torch_name)).element_size()
+    assert [triton_itemsize(f"TYPE_UINT{n}") for n in (16, 32, 64)] == [2, 4, 8]
+    assert triton_itemsize("TYPE_STRING") == triton_itemsize("TYPE_INVALID") == 0
+    assert all(triton_itemsize(name) >= 0 for name in model_config_pb2.DataType.keys())
+
 _name = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)
 _dim = st.one_of(st.integers(1, 512).map(str), st.tuples(st.integers(1, 64), st.integers(0, 64)).map(lambda t: f"{t[0]}-{t[0] + t[1]}"))
 

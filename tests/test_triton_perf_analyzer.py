@@ -113,7 +113,7 @@ def test_command_line_settles_on_a_noisy_machine(tmp_path: Path):
 
 
 def test_slow_models_get_longer_windows():
-    from optimizer.triton.validate import MAX_WINDOW_MS, window_for
+    from optimizer.triton.validation.checks import MAX_WINDOW_MS, window_for
 
     settings = PerfSettings()
     assert window_for(settings, None) == settings.measurement_interval_ms

@@ -400,3 +400,18 @@ def test_perf_analyzer_input_of_real_samples_lands_beside_the_report(tmp_path: P
     assert len(doc["data"]) == 3 and doc["data"][0]["image"]["shape"] == [3, 8, 8]
     assert base64.b64decode(doc["data"][0]["image"]["content"]["b64"]) == np.ones((3, 8, 8), np.float32).tobytes()
     assert not any(p.name.endswith(".json") for p in (tmp_path / "repo").rglob("*"))
+
+
+def test_a_report_folder_stays_outside_the_repository(tmp_path: Path):
+    from optimizer.errors import SettingsError
+
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (tmp_path / "a_file").write_text("")
+    assert repository.outside_repository(tmp_path / "reports", repo, "--report") == tmp_path / "reports"
+    with pytest.raises(SettingsError, match=r"^--report-dir '.*repo/m/out' is inside the repository '.*repo'; Triton would see it as a model"):
+        repository.outside_repository(repo / "m" / "out", repo, "--report-dir")
+    with pytest.raises(SettingsError, match="is inside the repository"):
+        repository.outside_repository(repo, repo, "--report")
+    with pytest.raises(SettingsError, match=r"^--report '.*a_file' is a file; give a folder\.$"):
+        repository.outside_repository(tmp_path / "a_file", repo, "--report")

@@ -206,7 +206,7 @@ instance_group {{ count: 1 kind: KIND_CPU }}
 
 
 def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from optimizer.triton.validate import find_export_report, resolve_target
+    from optimizer.triton.validation import find_export_report, resolve_target
 
     model = write_double_model(tmp_path / "repo")
     elsewhere = write_double_model(tmp_path / "other_repo")
@@ -227,6 +227,31 @@ def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypa
     new.unlink()
     assert find_export_report(target) == old.resolve()
 
+
+
+def test_the_export_reference_is_read_from_the_typed_report(tmp_path: Path):
+    from optimizer.errors import RepositoryError
+    from optimizer.triton.validation import load_export_reference
+    from tests.conftest import ROOT
+
+    folder = tmp_path / "rep"
+    (folder / "samples").mkdir(parents=True)
+    for name in ("samples.npz", "reference_outputs.npz"):  # the recorded paths are gone: the report's own samples/ is used
+        (folder / "samples" / name).write_bytes(b"")
+    doc = json.loads((ROOT / "tests" / "fixtures" / "report_cnn.json").read_text())
+    doc["result"]["tolerances"] = {"": [1e-3, 1e-2]}
+    (folder / "report.json").write_text(json.dumps(doc))
+    ref = load_export_reference(folder / "report.json")
+    assert ref.candidate == "onnxruntime[cpu]" and ref.predicted_batch == 8 and ref.predicted_throughput > 0
+    assert ref.feeds == folder / "samples" / "samples.npz" and ref.points == ["batch=1,axes=max", "batch=3,axes=max"]
+    assert ref.input_names == ["image"] and ref.output_names == ["output__0"]
+    assert (ref.tolerances[""].atol, ref.tolerances[""].rtol) == (1e-3, 1e-2)
+    doc["result"]["selected"] = None  # nothing selected: the samples still count, there is no prediction
+    (folder / "report.json").write_text(json.dumps(doc))
+    assert load_export_reference(folder / "report.json").predicted_throughput is None
+    (folder / "report.json").write_text(json.dumps({"published": {}}))
+    with pytest.raises(RepositoryError, match=r"is not an aitune-export report \(KeyError: 'result'\); point --report at"):
+        load_export_reference(folder / "report.json")
 
 @pytest.mark.slow
 def test_served_throughput_benchmark_compares_with_a_naive_config(ort_export, work: Path):

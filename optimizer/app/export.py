@@ -27,7 +27,7 @@ from optimizer.task.context import TuneContext
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
 from optimizer.triton.publish import PublishOptions, publish
-from optimizer.triton.repository import Published, check_model_name, check_target_free
+from optimizer.triton.repository import Published, check_model_name, check_target_free, outside_repository
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,7 @@ class ExportOutcome:
 def report_dir_for(settings: ExportSettings, name: str) -> Path:
     """The report folder: --report-dir or aitune-reports/NAME; never inside the repository."""
     path = Path(settings.report_dir) if settings.report_dir else Path("aitune-reports") / name
-    repo = Path(settings.repository).resolve()
-    if path.resolve() == repo or repo in path.resolve().parents:
-        raise SettingsError(f"--report-dir {str(path)!r} is inside the repository {settings.repository!r}; Triton would see it as a model. Put it elsewhere.")
-    if path.exists() and not path.is_dir():
-        raise SettingsError(f"--report-dir {str(path)!r} is a file; give a folder.")
-    return path
+    return outside_repository(path, Path(settings.repository), "--report-dir")
 
 
 def export(settings: ExportSettings | None = None, *, module: Any = None, example_inputs: Any = None, on_event: EventSink = ignore) -> ExportOutcome:
@@ -130,7 +125,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     on_event(Event("report", "done", message=f"{report_path} (+ {', '.join(p.name for p in [rendered.markdown, *rendered.plots.values()])})"))
     validation = None
     if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
-        from optimizer.triton.validate import validate
+        from optimizer.triton.validation import validate
 
         validation = validate(Path(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir,
                               on_event=on_event, cache_dir=plan.cache_root)

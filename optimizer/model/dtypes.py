@@ -36,6 +36,11 @@ class DType:
             raise SignatureError("bfloat16 has no numpy dtype; use float32 samples and --precision bf16 instead.")
         return np.dtype(self.name)
 
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (bfloat16, which has no numpy dtype, is 2)."""
+        return 2 if self.name == "bfloat16" else self.numpy.itemsize
+
 
 _ROWS = (
     # name       torch       onnx triton        wire    float
@@ -121,3 +126,13 @@ def triton_dtype_from_torch(dtype: torch.dtype) -> str:
 def triton_dtype_from_numpy(dtype: Any) -> str:
     """Triton's config enum name for a numpy dtype."""
     return dtype_from_numpy(dtype).triton
+
+
+def triton_itemsize(triton: str) -> int:
+    """Bytes per element of a Triton config type ("TYPE_FP32" -> 4); 0 for TYPE_STRING (no fixed size) or an unknown type."""
+    for dt in DTYPES.values():
+        if triton == dt.triton:
+            return dt.itemsize
+    if triton.startswith("TYPE_UINT"):  # Triton's wider unsigned types: never exported, but a config may name them
+        return np.dtype(triton.removeprefix("TYPE_").lower()).itemsize
+    return 0

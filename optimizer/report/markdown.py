@@ -213,7 +213,7 @@ def _max_batch(result: TuneResult) -> str:
 def validation_section(validation: dict[str, Any]) -> str:
     """What Triton itself said about the published model, beside what tuning predicted.
 
-    Reads validation.json as optimizer/triton/validate.py writes it (ValidationRecord.to_json()):
+    Reads validation.json as optimizer/triton/validation/record.py writes it (ValidationRecord.to_json()):
     status and reason, loaded, stand_in / served_by, answers (one check per protocol: protocol, passed,
     max_abs, max_rel, error), oversize, perf (rows: concurrency, throughput, p95_ms, p99_ms, and the
     server's inference/execution counts), server_batch, predicted_throughput and throughput_ratio.

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 from optimizer.records.artifact import Artifact
 from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.errors import ConfigRuleError
+from optimizer.model.dtypes import triton_itemsize
 
 log = logging.getLogger(__name__)
 
@@ -373,15 +374,10 @@ def _warmup(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     return out
 
 
-_DTYPE_BYTES = MappingProxyType({"TYPE_BOOL": 1, "TYPE_UINT8": 1, "TYPE_UINT16": 2, "TYPE_UINT32": 4, "TYPE_UINT64": 8, "TYPE_INT8": 1,
-                                 "TYPE_INT16": 2, "TYPE_INT32": 4, "TYPE_INT64": 8, "TYPE_FP16": 2, "TYPE_FP32": 4, "TYPE_FP64": 8,
-                                 "TYPE_BF16": 2, "TYPE_STRING": 0})
-
-
 def _dtype_size(data_type: int) -> int:
     from tritonclient.grpc import model_config_pb2
 
-    return _DTYPE_BYTES.get(model_config_pb2.DataType.Name(data_type), 0)
+    return triton_itemsize(model_config_pb2.DataType.Name(data_type))
 
 
 # -- backends ------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from optimizer.errors import PublishError
+from optimizer.errors import PublishError, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -387,3 +387,14 @@ def _publish_model(repository: Path, name: str, build: Callable[[RepositoryState
         replaced = exists and overwrite
         log.info("published %s version %d into %s%s", name, state.version, repository, " (replaced the previous model)" if replaced else "")
         return Published(target, state.version, replaced, list(state.versions_after))
+
+
+def outside_repository(folder: Path, repository: Path, flag: str) -> Path:
+    """`folder` (given by option `flag`) as a report folder: never inside the repository (Triton would load it as a model), never a file."""
+    folder = Path(folder)
+    resolved, repo = folder.resolve(), Path(repository).resolve()
+    if resolved == repo or repo in resolved.parents:
+        raise SettingsError(f"{flag} {str(folder)!r} is inside the repository {str(repository)!r}; Triton would see it as a model. Put it elsewhere.")
+    if folder.exists() and not folder.is_dir():
+        raise SettingsError(f"{flag} {str(folder)!r} is a file; give a folder.")
+    return folder

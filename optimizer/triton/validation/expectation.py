@@ -1,0 +1,90 @@
+"""What the export left for validation: its report.json, the saved samples and reference outputs, the predicted throughput."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.errors import PublishError, RepositoryError, SettingsError, SignatureError
+from optimizer.model.signature import Signature
+from optimizer.records.report_file import read_report
+from optimizer.records.correctness import Tolerance
+from optimizer.triton.validation.target import ModelTarget
+
+
+@dataclass
+class ExportReference:
+    """What the export left for validation: the report folder, the samples and reference outputs, the prediction."""
+
+    report_dir: Path
+    feeds: Path
+    outputs: Path
+    points: list[str]
+    candidate: str
+    predicted_throughput: float | None
+    predicted_batch: int | None
+    predicted_busy: float | None = None  # share of the CPU other processes used while the prediction was measured
+    tolerances: dict[str, Any] = field(default_factory=dict)  # output (or "") -> Tolerance, as the export checked
+    input_names: list[str] = field(default_factory=list)  # the exported tensor names, in order
+    output_names: list[str] = field(default_factory=list)
+
+
+def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
+    """The report.json of the export that published this model: in `hint` (--report), else the one under
+    aitune-reports/*/ or any */ of the working directory or the repository's parent that names this model
+    folder as published (the export's --report-dir default, or a custom one beside the repository)."""
+    if hint is not None and (hint / "report.json").is_file():
+        return hint / "report.json"
+    model_dir = (target.repository / target.name).resolve()
+    matches: set[Path] = set()
+    for base in (Path.cwd(), target.repository.parent):
+        for path in [*base.glob("aitune-reports/*/report.json"), *base.glob("*/report.json")]:
+            try:
+                published = json.loads(path.read_text()).get("published") or {}
+            except (OSError, ValueError):
+                continue
+            if published.get("model_dir") and Path(published["model_dir"]).resolve() == model_dir:
+                matches.add(path.resolve())
+    # several exports may have published this folder (--overwrite, another --report-dir): the latest one wrote it
+    return max(matches, key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
+
+
+def load_export_reference(report_path: Path) -> ExportReference:
+    """The samples, reference outputs and predicted throughput recorded in an export's report.json."""
+    try:
+        result, _, _ = read_report(report_path)
+        signature = Signature.from_json(result.signature)
+    except (OSError, SettingsError, SignatureError) as err:
+        cause = err.__cause__ if isinstance(err, SettingsError) and err.__cause__ is not None else err
+        raise RepositoryError(f"{str(report_path)!r} is not an aitune-export report ({type(cause).__name__}: {cause}); "
+                              "point --report at the export's report folder.") from err
+    try:
+        decision = result.selected_candidate.decision
+    except PublishError:  # nothing was selected: the samples are still there, there is no prediction
+        decision = None
+    best = decision.best if decision is not None and decision.profiles else None
+    report_dir = report_path.parent
+    return ExportReference(
+        report_dir=report_dir,
+        feeds=_find_sample_file(result.reference.feeds, report_dir),
+        outputs=_find_sample_file(result.reference.outputs, report_dir),
+        points=list(result.reference.points or []),
+        candidate=result.selected or "",
+        predicted_throughput=best.throughput if best else None,
+        predicted_batch=best.batch_size if best else None,
+        predicted_busy=best.others_cpu_share if best else None,
+        tolerances={name: Tolerance(*pair) for name, pair in result.tolerances.items()},
+        input_names=signature.input_names,
+        output_names=signature.output_names,
+    )
+
+
+def _find_sample_file(recorded: str, report_dir: Path) -> Path:
+    """Report paths are relative to where the export ran; fall back to the report's own samples/ folder."""
+    path = Path(recorded)
+    for candidate in (path, report_dir / "samples" / path.name):
+        if candidate.is_file():
+            return candidate
+    raise RepositoryError(f"the export's sample file {recorded!r} is gone (also not in {str(report_dir / 'samples')!r}); re-run the export.")

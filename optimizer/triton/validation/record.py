@@ -1,0 +1,85 @@
+"""validation.json: the plain record of what one validation found, and how it is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.errors import ValidationError
+
+STAND_IN_LABEL = "stand-in backend"
+"""Every result served by a stand-in carries this label, in the CLI output and in validation.json."""
+
+VALIDATION_FILENAME = "validation.json"
+STATUSES = ("passed", "failed", "not validated")
+
+
+@dataclass
+class AnswerCheck:
+    """The answers over one protocol, compared with the eager reference at every saved sample."""
+
+    protocol: str
+    passed: bool
+    cases: list[dict[str, Any]] = field(default_factory=list)
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    error: str = ""
+    compared_with: str = "reference"  # "reference" (eager outputs) or "none" (no export report: shapes only)
+
+
+@dataclass
+class ValidationRecord:
+    """Everything one validation found; plain data (validation.json)."""
+
+    model: str
+    repository: str
+    server: str
+    platform: str
+    backend: str
+    status: str = "failed"
+    reason: str = ""
+    served_by: str = ""  # "native backend", or STAND_IN_LABEL + what ran
+    stand_in: bool = False
+    loaded: bool = False
+    load_s: float | None = None
+    served_config: dict[str, Any] = field(default_factory=dict)
+    answers: list[AnswerCheck] = field(default_factory=list)
+    oversize: dict[str, Any] | None = None
+    perf: dict[str, Any] | None = None
+    server_batch: float | None = None  # inference count / execution count over the whole sweep
+    predicted_throughput: float | None = None
+    predicted_batch: int | None = None
+    predicted_by: str = ""
+    throughput_ratio: float | None = None
+    export_report: str | None = None
+    output_dir: str = ""
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Only "passed" passes: "failed" and "not validated" both count as not proven."""
+        return self.status == "passed"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as validation.json holds it (the report's Markdown reads this shape)."""
+        return asdict(self)
+
+    def raise_for_status(self) -> None:
+        """ValidationError (exit status 1) unless the model loaded, answered correctly and was measured."""
+        if self.status != "passed":
+            raise ValidationError(f"{self.model}: {self.status}: {self.reason}")
+
+    def write(self, folder: Path) -> Path:
+        """validation.json, written atomically (concurrent validations of one model never interleave)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / VALIDATION_FILENAME
+        self.output_dir = str(folder)
+        with tempfile.NamedTemporaryFile("w", dir=folder, prefix=f".{VALIDATION_FILENAME}.", delete=False) as tmp:
+            json.dump(self.to_json(), tmp, indent=2, default=str)
+        os.replace(tmp.name, path)
+        return path

@@ -1,0 +1,188 @@
+"""The `validate` orchestration: start or reach a server, run the checks in order, keep the logs, write the record."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from optimizer.events import Event, EventSink, ignore
+from optimizer.errors import SettingsError, ValidationError
+from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
+from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
+from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, window_for
+from optimizer.triton.validation.client import (config_summary, execution_counts, load_remote, max_batch, request_ms, served_config,
+                                                server_version)
+from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
+from optimizer.triton.validation.record import STAND_IN_LABEL, ValidationRecord
+from optimizer.triton.validation.target import ModelTarget, local_servability, output_folder, resolve_target
+
+PERF_INPUT_FILENAME = "perf_analyzer_input.json"
+BUSY_SHARE = 0.25
+"""Above this share of the CPU taken by other processes during the export's measurement, the ratio gets a note."""
+
+
+def validate(
+    repository: Path,
+    model: str | None = None,
+    *,
+    url: str | None = None,
+    protocol: str = "http",
+    concurrency: str = "1:8",
+    report_dir: Path | None = None,
+    perf_settings: PerfSettings | None = None,
+    on_event: EventSink = ignore,
+    cache_dir: str | Path | None = None,
+) -> ValidationRecord:
+    """Validate one model of `repository`; returns the record (also written as validation.json).
+
+    Args:
+        url: HOST:PORT of a running Triton speaking `protocol`; None starts a LocalTritonServer on `repository`.
+        protocol: what perf_analyzer (and, with `url`, the answer check) uses; a local server is also
+            checked over the other protocol.
+        concurrency: perf_analyzer's sweep, START:END[:STEP].
+        report_dir: where validation.json goes, and where the export's report.json is looked for first.
+        on_event: progress ("validate" phase events: start, progress per check, done or failed).
+        cache_dir: the run's cache root (--cache-dir); the local server's home is prepared under it (None: machine.cache_root()).
+
+    Raises:
+        RepositoryError / SettingsError (exit 2) for a bad REPO, --model or option; ValidationError when
+        a tool is missing. A model that fails a check is a record with status "failed", not an exception:
+        call `raise_for_status()`.
+    """
+    if protocol not in ("http", "grpc"):
+        raise SettingsError(f"--protocol {protocol!r} is not http or grpc.")
+    settings = perf_settings or PerfSettings(concurrency=ConcurrencyRange.parse(concurrency), protocol=protocol)
+    target = resolve_target(repository, model)
+    report_path = find_export_report(target, Path(report_dir) if report_dir else None)
+    reference = load_export_reference(report_path) if report_path else None
+    folder = output_folder(target, report_dir, report_path)
+    t0 = time.monotonic()
+    record = ValidationRecord(
+        model=target.name,
+        repository=str(target.repository),
+        server=url or "local tritonserver",
+        platform=target.platform,
+        backend=target.backend,
+        export_report=str(report_path) if report_path else None,
+        predicted_throughput=reference.predicted_throughput if reference else None,
+        predicted_batch=reference.predicted_batch if reference else None,
+        predicted_by=reference.candidate if reference else "",
+    )
+    if reference is None:
+        record.notes.append("no export report found for this model: answers are checked for shape and dtype only, "
+                            "and there is no predicted throughput; pass --report DIR (the export's report folder) to compare.")
+    on_event(Event("validate", "start", target.name, record.server if url else "starting a local tritonserver"))
+    with tempfile.TemporaryDirectory(prefix="aitune-validate-") as tmp:
+        work = Path(tmp)
+        try:
+            if url is None:
+                home = prepare_home(find_triton(), homes_root(cache_dir))
+                reason = local_servability(target, home)
+                if reason:
+                    record.status, record.reason = "not validated", reason
+                else:
+                    record.stand_in = target.backend in home.stand_ins()
+                    with LocalTritonServer(target.repository, log_path=work / "tritonserver.log", home=home) as server:
+                        record.server = f"local tritonserver {server_version(server)} at {server.http_url} (http) / {server.grpc_url} (grpc)"
+                        clients = {"http": server.client("http"), "grpc": server.client("grpc")}
+                        urls = {"http": server.http_url, "grpc": server.grpc_url}
+                        _run_checks(record, target, reference, clients, urls, settings, folder, work, lambda: server.load(target.name), on_event)
+            else:
+                client = open_client(protocol, url)
+                try:
+                    _run_checks(record, target, reference, {protocol: client}, {protocol: url}, settings, folder, work,
+                                lambda: load_remote(client, target.name), on_event)
+                finally:
+                    client.close()
+        finally:
+            record.seconds = round(time.monotonic() - t0, 2)
+            _keep_logs(work, folder, record)
+    path = record.write(folder)
+    on_event(Event("validate", "done" if record.passed else "failed", target.name, f"{record.status}: {path}", elapsed_s=record.seconds))
+    return record
+
+
+def _run_checks(record: ValidationRecord, target: ModelTarget, reference: ExportReference | None, clients: dict[str, Any],
+                urls: dict[str, str], settings: PerfSettings, folder: Path, work: Path, load: Any, on_event: EventSink) -> None:
+    """Load, answer, oversize, perf: each failure is recorded with its own words and ends the checks."""
+    from tritonclient.utils import InferenceServerException
+
+    t0 = time.monotonic()
+    try:
+        load()
+    except ValidationError as err:
+        record.status, record.reason = "failed", str(err)
+        return
+    record.loaded, record.load_s = True, round(time.monotonic() - t0, 2)
+    on_event(Event("validate", "progress", target.name, f"loaded in {record.load_s:.1f} s"))
+    any_client = clients.get("http") or clients[settings.protocol]
+    served = served_config(any_client, target.name)
+    record.served_config = config_summary(served)
+    runtime = str(served.get("runtime") or "")  # Triton reports "model.py" for a Python-based backend
+    record.stand_in = runtime.endswith(".py") and (served.get("backend") or "") != "python"
+    record.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{served.get('backend')}/model.py "
+                        f"with pip packages, not the native C++ backend" if record.stand_in else "native backend")
+    feeds, expected, points = reference_feeds(reference, served)
+    for protocol, client in clients.items():
+        record.answers.append(check_answers(client, protocol, target.name, served, feeds, expected, points,
+                                            reference.tolerances if reference is not None else None))
+    bad = [a for a in record.answers if not a.passed]
+    if bad:
+        record.status = "failed"
+        record.reason = f"answers over {bad[0].protocol} differ from the reference: {bad[0].error}"
+        return
+    record.oversize = check_oversize(any_client, target.name, served, feeds[0])
+    if record.oversize is not None and not record.oversize["refused"]:
+        record.status, record.reason = "failed", record.oversize["note"]
+        return
+    input_data = write_input_data(folder / PERF_INPUT_FILENAME, feeds, max_batch(served) > 0)
+    on_event(Event("validate", "progress", target.name, f"answers match; perf_analyzer at concurrency {settings.concurrency}"))
+    stats_client = clients.get(settings.protocol) or any_client
+    before = execution_counts(stats_client, target.name)
+    settings = replace(settings, measurement_interval_ms=window_for(settings, request_ms(stats_client, target.name)))
+    try:
+        perf = run_perf_analyzer(target.name, urls[settings.protocol], input_data, work / "perf_analyzer", settings)
+    except PerfAnalyzerFailed as err:
+        record.perf = err.result.to_json()
+        record.status, record.reason = "failed", str(err)
+        return
+    except ValidationError as err:
+        record.status, record.reason = "failed", str(err)
+        return
+    except InferenceServerException as err:  # the server died under load
+        record.status, record.reason = "failed", f"Triton stopped answering during perf_analyzer: {triton_message(err)}"
+        return
+    after = execution_counts(stats_client, target.name)
+    record.perf = perf.to_json()
+    if perf.note:
+        record.notes.append(f"perf_analyzer: {perf.note}")
+    if before and after and after[1] > before[1]:
+        record.server_batch = round((after[0] - before[0]) / (after[1] - before[1]), 3)
+    best = perf.best
+    if best and record.predicted_throughput:
+        record.throughput_ratio = round(best.throughput / record.predicted_throughput, 3)
+        if reference is not None and reference.predicted_busy is not None and reference.predicted_busy > BUSY_SHARE:
+            record.notes.append(f"the predicted {record.predicted_throughput:.1f} infer/s was measured while other processes used "
+                                f"{reference.predicted_busy:.0%} of the CPU; the ratio mixes that contention with serving overhead.")
+    record.status = "passed"
+    label = f" ({STAND_IN_LABEL})" if record.stand_in else ""
+    record.reason = (f"loaded, answers match over {', '.join(a.protocol for a in record.answers)}, "
+                     f"best {best.throughput:.1f} infer/s at concurrency {best.concurrency}{label}" if best else "loaded and answered")
+
+
+def _keep_logs(work: Path, folder: Path, record: ValidationRecord) -> None:
+    """Copy the server and perf_analyzer logs next to validation.json (atomically: concurrent runs never mix lines)."""
+    logs = [work / "tritonserver.log", *sorted((work / "perf_analyzer").glob("*.log")), *sorted((work / "perf_analyzer").glob("*.csv"))]
+    for src in logs:
+        if not src.is_file():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{src.name}.")
+        os.close(fd)
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, folder / src.name)

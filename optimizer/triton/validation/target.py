@@ -1,0 +1,101 @@
+"""What is being validated: the model in the repository, whether the local server can serve it, and where the record goes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optimizer.records.triton_platforms import PLATFORMS
+from optimizer.errors import RepositoryError, TemplateError
+from optimizer.triton.repository import outside_repository
+from optimizer.triton.server import ServerHome
+
+_UNKNOWN_TO_TRITON_2_51 = frozenset({"torch_aoti"})
+"""Platforms Triton 2.51's core rejects before any backend is asked (the local server is 2.51)."""
+
+
+@dataclass
+class ModelTarget:
+    """One model in a repository: its folder and the parsed config.pbtxt."""
+
+    repository: Path
+    name: str
+    config: Any  # tritonclient.grpc.model_config_pb2.ModelConfig
+
+    @property
+    def platform(self) -> str:
+        """The config's platform, or its backend when it names none (what the record and messages show)."""
+        return self.config.platform or self.config.backend
+
+    @property
+    def backend(self) -> str:
+        """The backend Triton resolves the config to (the backends/<name> folder it looks in)."""
+        if self.config.backend:
+            return self.config.backend
+        for row in PLATFORMS.values():
+            if row.platform == self.config.platform:
+                return row.backend
+        return self.config.platform.split("_")[0]
+
+
+def resolve_target(repository: Path, model: str | None) -> ModelTarget:
+    """REPO and --model -> the model to validate. REPO may also be a model folder (one holding config.pbtxt)."""
+    from optimizer.triton.model_config import parse
+
+    repository = Path(repository)
+    if not repository.is_dir():
+        raise RepositoryError(f"REPO {str(repository)!r} is not a directory; give the Triton model repository the export published into.")
+    if model is None and (repository / "config.pbtxt").is_file():
+        repository, model = repository.resolve().parent, repository.resolve().name
+    models = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
+    if model is None:
+        if len(models) != 1:
+            listing = ", ".join(models) if models else "none"
+            raise RepositoryError(f"{str(repository)!r} holds {len(models)} models ({listing}); choose one with --model NAME.")
+        model = models[0]
+    if model not in models:
+        raise RepositoryError(f"model {model!r} is not in {str(repository)!r} (no {model}/config.pbtxt); models there: {', '.join(models) or 'none'}.")
+    path = repository / model / "config.pbtxt"
+    try:
+        config = parse(path.read_text(), str(path))
+    except TemplateError as err:
+        raise RepositoryError(str(err)) from err
+    return ModelTarget(repository.resolve(), model, config)
+
+
+def output_folder(target: ModelTarget, report_dir: Path | None, export_report: Path | None) -> Path:
+    """--report, else the export's report folder, else <repository's parent>/aitune-reports/NAME; never inside the repository."""
+    if report_dir is not None:
+        folder = Path(report_dir)
+    elif export_report is not None:
+        folder = export_report.parent
+    else:
+        folder = target.repository.parent / "aitune-reports" / target.name
+    return outside_repository(folder, target.repository, "--report")
+
+
+def local_servability(target: ModelTarget, home: ServerHome) -> str:
+    """Why the local CPU server cannot serve this model at all ("" when it can try)."""
+    config = target.config
+    if target.platform in _UNKNOWN_TO_TRITON_2_51:
+        return f"platform {target.platform!r} is unknown to the core of the local tritonserver (2.51); validate it against a Triton release that serves it (--url HOST:PORT)."
+    if target.backend == "tensorrt":
+        return "a TensorRT plan needs TensorRT and a GPU, which the local server has neither of; validate it on a GPU machine with --url HOST:PORT."
+    kinds = {g.kind for g in config.instance_group}
+    from tritonclient.grpc import model_config_pb2
+
+    if model_config_pb2.ModelInstanceGroup.KIND_GPU in kinds:
+        if not _has_gpu():
+            return "its instance_group is KIND_GPU and this machine has no GPU; validate it on a GPU machine with --url HOST:PORT."
+        if target.backend in home.stand_ins():
+            return (f"its instance_group is KIND_GPU and the local {target.backend} stand-in backend runs on the CPU; "
+                    "validate it against a Triton with the native backend (--url HOST:PORT).")
+    if target.backend not in home.native_backends() | home.stand_ins():
+        return (f"the local server has no {target.backend!r} backend (neither libtriton_{target.backend}.so nor a stand-in "
+                f"in optimizer/triton/standin_backends/{target.backend}/); validate it against a Triton that has one (--url HOST:PORT).")
+    return ""
+
+
+def _has_gpu() -> bool:
+    return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia/gpus").is_dir()
