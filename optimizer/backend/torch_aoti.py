@@ -127,7 +127,7 @@ class TorchAOTIBackend(Backend):
             raise BackendError("torch.export cannot export a TorchScript module; give the Python module (package.module:callable) to build torch-aoti.")
         workdir.mkdir(parents=True, exist_ok=True)
         if Device.of(device).kind == "cuda":
-            module = module.to(device)
+            module = module.to(str(device))
         args = example_args(signature, device)
         dynamic = dynamic_shapes_for(signature, max(batch_range[1], BATCH_DIM_FLOOR))
         t0 = time.perf_counter()

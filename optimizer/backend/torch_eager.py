@@ -44,7 +44,7 @@ class TorchEagerBackend(Backend):
         module = model.module
 
         def _load():
-            return module.to(device) if Device.of(device).kind != "cpu" else module
+            return module.to(str(device)) if Device.of(device).kind != "cpu" else module
 
         return TorchRunner(Signature.from_json(artifact.signature), _load, device)
 

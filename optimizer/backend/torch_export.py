@@ -43,4 +43,4 @@ def example_args(signature: Signature, device: str = "cpu") -> tuple[Any, ...]:
 
     feed = generate_feed(signature, ShapePoint(EXAMPLE_BATCH if signature.batching else 0, "max"), seed=1)
     args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
-    return args if Device.of(device).kind == "cpu" else tuple(a.to(device) for a in args)
+    return args if Device.of(device).kind == "cpu" else tuple(a.to(str(device)) for a in args)

@@ -42,7 +42,7 @@ class TorchRunner(Runner):
 
         names = self.signature.input_names
         on_cpu = Device.of(self._device).kind == "cpu"
-        args = [torch.from_numpy(feed[n]) if on_cpu else torch.from_numpy(feed[n]).to(self._device, non_blocking=True) for n in names]
+        args = [torch.from_numpy(feed[n]) if on_cpu else torch.from_numpy(feed[n]).to(str(self._device), non_blocking=True) for n in names]
         with torch.inference_mode():
             result = self._module(*args)
         outs = flatten_outputs(result)

@@ -60,8 +60,8 @@ class TorchScriptBackend(Backend):
             batch = min(2, batch_range[1]) if signature.batching else 0
             feed = generate_feed(signature, ShapePoint(batch, "max"), seed=1)
             args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
-            module = module.to(device) if Device.of(device).kind != "cpu" else module
-            args = tuple(a.to(device) for a in args)
+            module = module.to(str(device)) if Device.of(device).kind != "cpu" else module
+            args = tuple(a.to(str(device)) for a in args)
             with torch.no_grad():
                 scripted = torch.jit.trace(module, args, check_trace=False, strict=False)
         if self.settings["freeze"]:
@@ -84,7 +84,7 @@ class TorchScriptBackend(Backend):
         def _load() -> Any:
             import torch
 
-            return torch.jit.load(str(artifact.path), map_location=device).eval()
+            return torch.jit.load(str(artifact.path), map_location=str(device)).eval()
 
         return TorchRunner(Signature.from_json(artifact.signature), _load, device)
 

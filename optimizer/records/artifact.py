@@ -23,6 +23,9 @@ class Artifact:
     metadata: dict[str, Any] = field(default_factory=dict)  # opset, precision, versions, build time...
     batch_range: tuple[int, int] = (1, 1)  # the batch sizes the artifact was built to accept
 
+    def __post_init__(self) -> None:
+        self.device = str(self.device)  # a vocab.Device from the parent, text from a child: records keep text
+
     @property
     def path(self) -> Path:
         return Path(self.directory) / self.files[0] if self.files else Path(self.directory)

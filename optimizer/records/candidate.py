@@ -34,6 +34,9 @@ class Candidate:
     cached: str = ""  # "", "build" or "build+measure": what was reused from the cache
     versions: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.device = str(self.device)  # records keep the device as the text users wrote ("cuda:1")
+
     @property
     def passed(self) -> bool:
         return self.status == "passed"

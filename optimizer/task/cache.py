@@ -88,7 +88,7 @@ class ArtifactCache:
 
     def build_key(self, backend: Backend, ctx: TuneContext, batch_max: int) -> str:
         blob = json.dumps({"model": self._model(ctx), "backend": backend.name, "backend_key": backend.cache_key(),
-                           "device": ctx.device, "batch_max": batch_max}, sort_keys=True)
+                           "device": str(ctx.device), "batch_max": batch_max}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def measure_key(self, backend: Backend, ctx: TuneContext, policy: BatchPolicy, memory_budget_mb: float | None) -> str:
