@@ -57,7 +57,7 @@ class ExportSettings:
     build_timeout_s: float = _opt(900.0, "--build-timeout", "Seconds a candidate may spend building and checking before it is stopped.", metavar="SECONDS", group="Measurement")
     profile_timeout_s: float = _opt(900.0, "--profile-timeout", "Seconds a candidate may spend being measured before it is stopped.", metavar="SECONDS", group="Measurement")
     cache: bool = _opt(True, "--cache", "Reuse builds and measurements of an identical earlier run (--no-cache rebuilds and re-measures everything).", secondary="--no-cache", group="Measurement")
-    cache_dir: str | None = _opt(None, "--cache-dir", "Where builds and measurements are cached (default: $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
+    cache_dir: str | None = _opt(None, "--cache-dir", "The one cache root: builds, measurements, TensorRT timing caches and the local tritonserver's home (default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
     validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
     validate_concurrency: str = _opt("1:8", "--validate-concurrency", "perf_analyzer's concurrency sweep for --validate, START:END[:STEP].", metavar="RANGE", group="Validation")
 
@@ -66,7 +66,7 @@ class ExportSettings:
         """The memory budget in MiB (None: no limit)."""
         return parse_size_mb(self.memory_budget)
 
-    def max_batch(self) -> int | None:
+    def batch_cap(self) -> int | None:
         """The user's cap on the published max_batch_size: None for auto (searched per candidate)."""
         if self.max_batch_size == "auto":
             return None

@@ -45,7 +45,7 @@ def build_strategy(settings: ExportSettings) -> TuneStrategy:
     check_backend_names(settings.backend)
     common: dict[str, Any] = dict(
         eager_gate=settings.eager_gate,
-        max_batch_size=settings.max_batch(),
+        max_batch_size=settings.batch_cap(),
         percentile=int(settings.percentile),
         memory_budget_mb=settings.memory_budget_mb(),
         workflow=settings.workflow,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from optimizer.backend.base import Backend
 from optimizer.machine import machine_fingerprint
 from optimizer.records.candidate import Candidate
+from optimizer.records.correctness import tolerances_to_json
 from optimizer.records.measurements import BatchPolicy
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def model_fingerprint(ctx: TuneContext) -> str:
     h.update(json.dumps(ctx.signature.to_json(), sort_keys=True).encode())
     for path in (ctx.reference.feeds, ctx.reference.outputs, ctx.reference.profile_feed):
         _hash_file(h, Path(path))
-    h.update(json.dumps({k: [t.atol, t.rtol] for k, t in ctx.tolerances.items()}, sort_keys=True).encode())
+    h.update(json.dumps(tolerances_to_json(ctx.tolerances), sort_keys=True).encode())
     return h.hexdigest()
 
 

@@ -23,7 +23,7 @@ from optimizer.records.candidate import Candidate
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, ModelSource, load_source
-from optimizer.records.correctness import CorrectnessReport, Tolerance
+from optimizer.records.correctness import CorrectnessReport, tolerances_from_json
 from optimizer.task.correctness import compare_outputs
 from optimizer.task.device_memory import is_allocation_failure, release_device_memory
 from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
@@ -115,7 +115,7 @@ def build_candidate(payload: dict[str, Any]) -> dict[str, Any]:
 
     feeds = load_feeds(Path(job.correctness_feeds))
     refs = load_feeds(Path(job.reference_outputs))
-    tolerances = {k: Tolerance(*v) for k, v in job.tolerances.items()}
+    tolerances = tolerances_from_json(job.tolerances)
     try:
         runner = backend.load(artifact, job.device, model)
         runner.__enter__()

@@ -112,6 +112,7 @@ class CandidateScheduler:
                 raise
 
     def build(self, backend: Backend) -> Candidate:
+        """One candidate's build-and-check step: from the cache, else in a child process (stopped at --build-timeout)."""
         ctx = self.ctx
         name = backend.candidate_name(ctx.device)
         self._backend_of[name] = backend
@@ -164,6 +165,7 @@ class CandidateScheduler:
 
     # -- measure ----------------------------------------------------------------------------
     def measure(self, cand: Candidate) -> Candidate:
+        """One built candidate's max-batch search: from the cache, else alone in a fresh child process."""
         ctx = self.ctx
         backend = self._backend_of[cand.name]
         workdir = self._workdir(cand.name)

@@ -9,6 +9,9 @@ server's error recognizes it:
   its source, checked against facts read from the artifact (ONNX graph, engine profiles).
 - "aitune-export": checks of our own where the server's failure would come later (at warmup or at the
   first request); the message says what would happen.
+
+Over 400 lines because it is a catalogue: one short function per rule, each quoting its enforcer,
+and a rule is easiest to check against Triton's source when all of them sit side by side.
 """
 
 from __future__ import annotations

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from optimizer.errors import PublishError, RepositoryError, SettingsError, SignatureError
 from optimizer.model.signature import Signature
 from optimizer.records.report_file import read_report
-from optimizer.records.correctness import Tolerance
+from optimizer.records.correctness import Tolerance, tolerances_from_json
 from optimizer.triton.validation.target import ModelTarget
 
 
@@ -26,7 +25,7 @@ class ExportReference:
     predicted_throughput: float | None
     predicted_batch: int | None
     predicted_busy: float | None = None  # share of the CPU other processes used while the prediction was measured
-    tolerances: dict[str, Any] = field(default_factory=dict)  # output (or "") -> Tolerance, as the export checked
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)  # output (or "") -> Tolerance, as the export checked
     input_names: list[str] = field(default_factory=list)  # the exported tensor names, in order
     output_names: list[str] = field(default_factory=list)
 
@@ -75,7 +74,7 @@ def load_export_reference(report_path: Path) -> ExportReference:
         predicted_throughput=best.throughput if best else None,
         predicted_batch=best.batch_size if best else None,
         predicted_busy=best.others_cpu_share if best else None,
-        tolerances={name: Tolerance(*pair) for name, pair in result.tolerances.items()},
+        tolerances=tolerances_from_json(result.tolerances),
         input_names=signature.input_names,
         output_names=signature.output_names,
     )
