@@ -11,7 +11,7 @@ from optimizer.backend import BACKENDS, backend_named
 from optimizer.errors import BackendError
 from optimizer.model.reference import resolve_signature, run_reference
 from optimizer.model.samples import ShapePoint, generate_feed
-from optimizer.model.signature import parse_input_spec
+from optimizer.model.signature import Signature, parse_input_spec
 from optimizer.model.source import load_model
 from optimizer.task.correctness import compare_outputs
 
@@ -53,7 +53,7 @@ def test_transformer_matches_eager_at_sequence_1_and_128(backend_name, tmp_path)
         input_specs=[parse_input_spec("input_ids:int64:1-128")],
         value_ranges={"input_ids": (0, 999)},
     )
-    assert art.sig.inputs[0].triton_dims == [-1]
+    assert Signature.from_json(art.signature).inputs[0].triton_dims == [-1]
 
 
 def test_onnx_export_is_opset_18_or_newer_with_dynamic_axes(tmp_path):
