@@ -168,7 +168,8 @@ def describe(inspection: Inspection) -> list[str]:
         f"profile timeout {_seconds(st['profile_timeout_s'])}",
         f"  correctness       at {'; '.join(st['correctness_points'])}; "
         + ", ".join(f"{k} atol {v['atol']:g} rtol {v['rtol']:g}" for k, v in st["tolerances"].items()) + "; integers exact"
-        + "".join(f"; output {k}: atol {v['atol']:g} rtol {v['rtol']:g} (override)" for k, v in st["tolerance_overrides"].items()),
+        + "".join(f"; {'every output' if k == '*' else 'output ' + k}: atol {v['atol']:g} rtol {v['rtol']:g} (override)"
+                  for k, v in st["tolerance_overrides"].items()),
         f"  profiling         {prof['warmup_runs']} warmup runs, {prof['window_s']:g} s windows until {prof['stable_windows']} "
         f"in a row vary under {100 * prof['cv_threshold']:g}%, at most {prof['time_cap_s']:g} s per batch size",
     ]
