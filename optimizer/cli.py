@@ -19,7 +19,7 @@ import click
 from optimizer._version import __version__
 from optimizer.errors import Interrupted, OptimizerError
 from optimizer.settings import ExportSettings, load_settings_file, settings_from
-from optimizer.vocab import PRECISIONS
+from optimizer.vocab import PRECISIONS, Device
 
 log = logging.getLogger("optimizer")
 
@@ -168,10 +168,11 @@ def backends(device: str, check_imports: bool, precision: str, as_json: bool) ->
     """List every backend and whether it can run here (with the reason when it cannot)."""
     from optimizer.backend import BACKENDS
 
+    where = _run_guarded(lambda: Device.parse(device))  # a device that cannot exist is bad input, not "unavailable"
     rows = []
     for name, cls in BACKENDS.items():
         b = cls(precision=precision)
-        av = b.availability(device, quick=not check_imports)
+        av = b.availability(where, quick=not check_imports)
         rows.append({"name": name, "platform": b.triton_platform or "(baseline, not published)", "available": av.ok, "reason": av.reason})
     from optimizer.triton.perf_analyzer import perf_analyzer_status
     from optimizer.triton.server import tritonserver_status

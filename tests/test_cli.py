@@ -56,6 +56,12 @@ def test_backends_lists_every_backend_with_a_reason_when_unavailable():
             assert row["reason"].endswith(".") or row["reason"]
 
 
+def test_backends_refuses_a_device_that_cannot_exist_in_one_line():
+    r = CliRunner().invoke(main, ["backends", "--device", "tpu"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == "error: --device 'tpu' is not cpu or cuda[:N]; e.g. --device cuda:0."
+
+
 def test_every_command_and_option_has_help():
     for name, cmd in main.commands.items():
         assert cmd.help, name
