@@ -19,10 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from optimizer.app.export import export
-from optimizer.settings import ExportSettings
 from optimizer.records.candidate import Candidate
-from optimizer.task.evaluation import MeasureJob
 from optimizer.records.measurements import BatchPolicy
+from optimizer.settings import ExportSettings
+from optimizer.task.evaluation import MeasureJob
 from optimizer.task.isolation import run_isolated
 from optimizer.task.profiling import ProfileSettings
 

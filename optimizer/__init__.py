@@ -7,7 +7,6 @@ when a backend needs them, so importing this package is cheap.
 from __future__ import annotations
 
 from optimizer._version import __version__
-
 from optimizer.errors import (  # noqa: E402
     BackendError,
     CheckFailed,

@@ -270,9 +270,8 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
     1 when a check fails (or the model cannot be validated here); 2 for bad usage.
     """
     from optimizer.errors import SettingsError
-    from optimizer.triton.validation import validate as run_validate
-
     from optimizer.report.progress import choose_progress
+    from optimizer.triton.validation import validate as run_validate
 
     if url and local:
         _fail(SettingsError("give either --url HOST:PORT (a running server) or --local (start one), not both."))

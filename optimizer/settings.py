@@ -8,10 +8,11 @@ entry points cannot drift apart.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from optimizer.errors import SettingsError
 from optimizer.vocab import EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISIONS, STRATEGY_NAMES, WORKFLOWS

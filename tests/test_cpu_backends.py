@@ -23,13 +23,13 @@ import pytest
 from click.testing import CliRunner
 
 from optimizer.backend import BACKENDS, backend_named
-from optimizer.records.artifact import Artifact
 from optimizer.backend.torch_aoti import CACHE_DIRNAME, CACHE_ENV, inductor_cache_dir
 from optimizer.cli import main
 from optimizer.model.reference import resolve_signature, run_reference
 from optimizer.model.samples import ShapePoint, correctness_points, generate_feed, tile_feed
 from optimizer.model.signature import Signature, parse_input_spec
 from optimizer.model.source import load_model
+from optimizer.records.artifact import Artifact
 from optimizer.task.correctness import DEFAULT_TOLERANCES, compare_outputs
 from optimizer.triton import config_rules
 from optimizer.triton.model_config import canonical, parse
@@ -299,10 +299,10 @@ def _result_for(art: Artifact, sig: Signature, tmp: Path):
     """A TuneResult around an API-built artifact, with a real (short) measurement at batch 1..4."""
     from optimizer.records.candidate import Candidate
     from optimizer.records.measurements import BatchPolicy
-    from optimizer.task.find_max_batch_size import find_max_batch_size
-    from optimizer.task.profiling import ProfileSettings, measure
     from optimizer.records.reference_set import ReferenceSet
     from optimizer.records.tune_result import TuneResult
+    from optimizer.task.find_max_batch_size import find_max_batch_size
+    from optimizer.task.profiling import ProfileSettings, measure
 
     backend = backend_named(art.backend)
     art.triton_settings = backend.triton_settings(art)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from optimizer.backend import backend_named
-from optimizer.records.artifact import Artifact
-from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.model.reference import run_reference
 from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import load_model
+from optimizer.records.artifact import Artifact
+from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.task.correctness import compare_outputs
 from optimizer.triton.model_config import parse
 from tests.conftest import run_cli, tree_snapshot

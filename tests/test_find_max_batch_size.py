@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
-from optimizer.records.measurements import BatchPolicy
+from optimizer.records.measurements import BatchPolicy, BatchProfile
 from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size, knee_of
-from optimizer.records.measurements import BatchProfile
 
 
 def profile(batch: int, throughput: float, p95_ms: float | None = None, rss: float = 0.0) -> BatchProfile:

@@ -9,19 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.records.artifact import Artifact
 from optimizer.backend.onnxruntime_trt import OnnxRuntimeTensorRTBackend, tensorrt_accelerator
 from optimizer.backend.tensorrt import TensorRTBackend
 from optimizer.backend.trt_profiles import optimization_profile
 from optimizer.errors import BackendError, ConfigRuleError
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
 from optimizer.records.candidate import Candidate
-from optimizer.records.measurements import MaxBatchDecision
-from optimizer.records.measurements import BatchProfile
+from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.reference_set import ReferenceSet
+from optimizer.records.tune_result import TuneResult
 from optimizer.triton.model_config import parse
 from optimizer.triton.publish import PublishOptions, prepare_config, publish
-from optimizer.records.tune_result import TuneResult
 
 SIG = Signature.from_json({
     "batching": True,

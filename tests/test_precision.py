@@ -102,10 +102,9 @@ def test_the_precision_wrapper_keeps_a_float32_interface_and_the_original_module
 
 
 def test_an_onnx_source_cannot_be_converted(tmp_path):
-    from tests.test_gpu_config import _tiny_onnx
-
     from optimizer.backend.onnx_export import export_onnx
     from optimizer.model.source import load_model
+    from tests.test_gpu_config import _tiny_onnx
 
     _tiny_onnx(tmp_path / "src" / "model.onnx")
     model = load_model(str(tmp_path / "src" / "model.onnx"))

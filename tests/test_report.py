@@ -6,11 +6,10 @@ expectation is derived from the fixture itself.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import json
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from optimizer.cli import main
+from optimizer.records.tune_result import TuneResult
 from optimizer.report.markdown import render_markdown, validation_section, write_report_files
 from optimizer.report.plots import latency_figure, plot_data, throughput_figure
-from optimizer.records.tune_result import TuneResult
 from tests.conftest import FIXTURES
 
 REPORT = FIXTURES / "report_cnn.json"

@@ -12,20 +12,19 @@ from optimizer.backend import backend_named
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.model.source import load_model
 from optimizer.records.candidate import Candidate
-from optimizer.records.measurements import MaxBatchDecision
-from optimizer.task.find_max_batch_size import knee_of
-from optimizer.records.measurements import BatchProfile
+from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.reference_set import ReferenceSet
+from optimizer.task.context import TuneContext
+from optimizer.task.find_max_batch_size import knee_of
 from optimizer.tune_strategy import (
+    STRATEGIES,
     FirstWinsStrategy,
     LatencyBudgetStrategy,
     MaxThroughputStrategy,
     MinLatencyStrategy,
     MultiBackendStrategy,
     OneBackendStrategy,
-    STRATEGIES,
 )
-from optimizer.task.context import TuneContext
 
 
 def prof(batch: int, throughput: float, p95_ms: float) -> BatchProfile:

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimizer.model.samples import save_feeds
 from optimizer.errors import ConfigRuleError, PublishError, TemplateError
+from optimizer.model.samples import save_feeds
 from optimizer.report.json_report import write_report
 from optimizer.settings import ExportSettings
 from optimizer.triton import repository
-from optimizer.triton.model_config import parse, packaged_template_dir
+from optimizer.triton.model_config import packaged_template_dir, parse
 from optimizer.triton.publish import PublishOptions, publish
 from optimizer.triton.repository import CHECKPOINTS, ModelFiles, RepositoryState, publish_model
 from tests.conftest import ROOT, run_cli

@@ -7,13 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.records.artifact import Artifact
+from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import save_feeds
 from optimizer.model.signature import Signature, TensorSpec, parse_axis
-from optimizer.model.dtypes import dtype_from_name
+from optimizer.records.artifact import Artifact
 from optimizer.records.candidate import Candidate
-from optimizer.records.measurements import MaxBatchDecision
-from optimizer.records.measurements import BatchProfile
+from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.reference_set import ReferenceSet
 from optimizer.records.tune_result import TuneResult
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from optimizer.records.artifact import Artifact
 from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.onnxruntime import OnnxRuntimeBackend
 from optimizer.backend.onnxruntime_trt import OnnxRuntimeTensorRTBackend
@@ -14,6 +13,7 @@ from optimizer.backend.torch_aoti import TorchAOTIBackend
 from optimizer.backend.torch_eager import TorchEagerBackend
 from optimizer.backend.torchscript import TorchScriptBackend
 from optimizer.errors import SettingsError
+from optimizer.records.artifact import Artifact
 
 BACKENDS: MappingProxyType[str, type[Backend]] = MappingProxyType(
     {

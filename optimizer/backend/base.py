@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 import numpy as np
 
 from optimizer.backend.precision import refusal
-from optimizer.vocab import Device
-from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.errors import BackendError
-from optimizer.records.artifact import Artifact
 from optimizer.model.samples import Feed
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
+from optimizer.records.triton_platforms import PLATFORMS
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

@@ -10,6 +10,7 @@ import subprocess
 from optimizer.backend.base import Availability
 from optimizer.vocab import Device
 
+
 def torch_cuda_availability(device: str) -> Availability:
     """Whether torch can run on `device` (a CUDA build, a visible GPU with that index)."""
     import torch

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimizer.records.artifact import Artifact
-from optimizer.vocab import Device
 from optimizer.backend.base import Availability, Backend, Runner
-from optimizer.machine import cpu_cores
 from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
-from optimizer.model.onnx_graph import onnx_io_names
 from optimizer.errors import BackendError
+from optimizer.machine import cpu_cores
+from optimizer.model.onnx_graph import onnx_io_names
 from optimizer.model.samples import Feed
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

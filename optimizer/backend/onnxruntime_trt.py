@@ -14,12 +14,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from optimizer.records.artifact import Artifact
-from optimizer.vocab import Device
 from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner
 from optimizer.backend.trt_profiles import ShapeRange, engine_max_batch, opt_batch_for, optimization_profile, ort_profile_shapes
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimizer.records.artifact import Artifact
 from optimizer.backend.base import Availability, Backend, Runner
-from optimizer.machine import cpu_cores
 from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
 from optimizer.errors import BackendError
+from optimizer.machine import cpu_cores
 from optimizer.model.samples import Feed
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from optimizer.records.artifact import Artifact
-from optimizer.vocab import Device
 from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
 from optimizer.backend.trt_profiles import ShapeRange, engine_max_batch, opt_batch_for, optimization_profile
 from optimizer.errors import BackendError
 from optimizer.model.samples import Feed
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

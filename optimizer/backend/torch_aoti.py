@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from optimizer.records.artifact import Artifact
-from optimizer.vocab import Device
 from optimizer.backend.base import Availability, Backend, Runner
-from optimizer.machine import cpu_cores
-from optimizer.errors import first_line
 from optimizer.backend.torch_export import dynamic_shapes_for, example_args
 from optimizer.backend.torch_runner import TorchRunner
-from optimizer.errors import BackendError
+from optimizer.errors import BackendError, first_line
+from optimizer.machine import cpu_cores
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

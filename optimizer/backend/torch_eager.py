@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optimizer.records.artifact import Artifact
-from optimizer.vocab import Device
 from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.cuda import torch_cuda_availability
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from optimizer.model.samples import ShapePoint, generate_feed
-from optimizer.vocab import Device
 from optimizer.model.signature import Signature
+from optimizer.vocab import Device
 
 EXAMPLE_BATCH = 2
 """Batch of the example arguments: 1 would let torch.export specialize the batch axis (0/1 specialization)."""

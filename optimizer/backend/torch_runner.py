@@ -7,11 +7,11 @@ from typing import Any, Callable
 import numpy as np
 
 from optimizer.backend.base import Runner
-from optimizer.vocab import Device
 from optimizer.machine import cpu_cores
 from optimizer.model.reference import flatten_outputs
 from optimizer.model.samples import Feed
 from optimizer.model.signature import Signature
+from optimizer.vocab import Device
 
 
 class TorchRunner(Runner):

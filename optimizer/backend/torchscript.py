@@ -7,16 +7,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from optimizer.records.artifact import Artifact
-from optimizer.vocab import Device
 from optimizer.backend.base import Availability, Backend, Runner
-from optimizer.machine import cpu_cores
 from optimizer.backend.cuda import torch_cuda_availability
 from optimizer.backend.precision import reduced_precision_module
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
+from optimizer.machine import cpu_cores
 from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature
+from optimizer.records.artifact import Artifact
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.model.source import LoadedModel

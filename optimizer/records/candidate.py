@@ -9,7 +9,6 @@ from optimizer.records.artifact import Artifact
 from optimizer.records.correctness import CorrectnessReport
 from optimizer.records.measurements import MaxBatchDecision
 
-
 STATUSES = ("passed", "failed", "unavailable", "skipped")
 """Final statuses; "built" exists only between the two steps."""
 

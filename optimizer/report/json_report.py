@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import SettingsError
-from optimizer.settings import ExportSettings
 from optimizer.records.tune_result import TuneResult
+from optimizer.settings import ExportSettings
 
 
 def write_report(path: Path, result: TuneResult, settings: ExportSettings, published: Any = None, extra: dict[str, Any] | None = None) -> Path:

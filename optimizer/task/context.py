@@ -11,8 +11,8 @@ from optimizer.events import EventSink, ignore
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel
 from optimizer.records.correctness import Tolerance
-from optimizer.task.profiling import ProfileSettings
 from optimizer.records.reference_set import ReferenceSet
+from optimizer.task.profiling import ProfileSettings
 from optimizer.vocab import Device
 
 

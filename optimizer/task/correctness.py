@@ -13,7 +13,6 @@ import numpy as np
 
 from optimizer.records.correctness import CorrectnessCase, OutputError, Tolerance
 
-
 DEFAULT_TOLERANCES: MappingProxyType[str, Tolerance] = MappingProxyType(
     {
         "float32": Tolerance(1e-4, 1e-4),

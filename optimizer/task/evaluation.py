@@ -19,14 +19,14 @@ from typing import Any
 
 from optimizer.backend import backend_named
 from optimizer.errors import first_line
-from optimizer.records.candidate import Candidate
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, ModelSource, load_source
+from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import CorrectnessReport, tolerances_from_json
+from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
 from optimizer.task.correctness import compare_outputs
 from optimizer.task.device_memory import is_allocation_failure, release_device_memory
-from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
 from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size
 from optimizer.task.profiling import ProfileSettings, measure
 

@@ -29,7 +29,6 @@ from optimizer.task.isolation import ChildOutcome, run_isolated, stop_all_childr
 from optimizer.task.screening import screen
 from optimizer.vocab import Device
 
-
 BUILD_WORKERS_MAX = 2
 """Builds running at once: compilers are mostly serial, so two keep two cores busy."""
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from optimizer.records.artifact import Artifact
-from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.errors import ConfigRuleError
 from optimizer.model.dtypes import triton_itemsize
+from optimizer.records.artifact import Artifact
+from optimizer.records.triton_platforms import PLATFORMS
 
 log = logging.getLogger(__name__)
 

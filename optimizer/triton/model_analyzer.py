@@ -17,9 +17,9 @@ from optimizer.machine import cpu_cores
 from optimizer.triton.model_config import config_signature
 
 if TYPE_CHECKING:
+    from optimizer.records.tune_result import TuneResult
     from optimizer.triton.model_config import ConfigSpec
     from optimizer.triton.repository import Published
-    from optimizer.records.tune_result import TuneResult
 
 FILENAME = "model_analyzer.yaml"
 DEFAULT_ENDPOINTS = {"http": "localhost:8000", "grpc": "localhost:8001", "metrics": "http://localhost:8002/metrics"}

@@ -27,15 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimizer.records.artifact import Artifact
-from optimizer.vocab import Device
-from optimizer.records.triton_platforms import TritonPlatform
 from optimizer.errors import PublishError, TemplateError
 from optimizer.model.signature import Signature, TensorSpec
+from optimizer.records.artifact import Artifact
+from optimizer.records.triton_platforms import TritonPlatform
+from optimizer.vocab import Device
 
 if TYPE_CHECKING:
-    from optimizer.records.measurements import MaxBatchDecision
-    from optimizer.records.measurements import BatchProfile
+    from optimizer.records.measurements import BatchProfile, MaxBatchDecision
     from optimizer.records.tune_result import TuneResult
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,9 @@ from typing import Any
 
 from optimizer.errors import PublishError, TemplateError
 from optimizer.model.samples import load_feeds
+from optimizer.records.tune_result import TuneResult
 from optimizer.triton import config_rules
-from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, config_signature, canonical, parse, render, warmup_entries
+from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
 from optimizer.triton.repository import (
     ModelFiles,
     Published,
@@ -24,7 +25,6 @@ from optimizer.triton.repository import (
     check_repository,
     publish_model,
 )
-from optimizer.records.tune_result import TuneResult
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import Feed, load_feeds, tile_feed
 from optimizer.records.correctness import CorrectnessCase
+from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.task.correctness import compare_outputs
 from optimizer.triton.perf_analyzer import PerfSettings
 from optimizer.triton.server import triton_message

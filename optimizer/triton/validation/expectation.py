@@ -8,8 +8,8 @@ from pathlib import Path
 
 from optimizer.errors import PublishError, RepositoryError, SettingsError, SignatureError
 from optimizer.model.signature import Signature
-from optimizer.records.report_file import read_report
 from optimizer.records.correctness import Tolerance, tolerances_from_json
+from optimizer.records.report_file import read_report
 from optimizer.triton.validation.target import ModelTarget
 
 

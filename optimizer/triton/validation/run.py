@@ -10,13 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from optimizer.events import Event, EventSink, ignore
 from optimizer.errors import SettingsError, ValidationError
+from optimizer.events import Event, EventSink, ignore
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
 from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, window_for
-from optimizer.triton.validation.client import (config_summary, execution_counts, load_remote, max_batch, request_ms, served_config,
-                                                server_version)
+from optimizer.triton.validation.client import config_summary, execution_counts, load_remote, max_batch, request_ms, served_config, server_version
 from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
 from optimizer.triton.validation.record import STAND_IN_LABEL, ValidationRecord
 from optimizer.triton.validation.target import ModelTarget, local_servability, output_folder, resolve_target

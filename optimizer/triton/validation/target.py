@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.errors import RepositoryError, TemplateError
+from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.triton.repository import outside_repository
 from optimizer.triton.server import ServerHome
 
