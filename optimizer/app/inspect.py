@@ -74,17 +74,16 @@ def inspect_model(settings: ExportSettings) -> Inspection:
         feeds = load_npz(Path(settings.samples), signature)
         recorded = sorted(batch_sizes_of(feeds)) if signature.batching else []
     plans = []
-    if strategy.eager_gate != "disabled" and model.format == "torch":
+    if strategy.wants_eager(model.format):
         eager = backend_named(EAGER)
         av = eager.availability(device)
         plans.append(CandidatePlan(eager.candidate_name(device), eager.name, "baseline", None, None, bool(av),
                                    av.reason or f"measured as the baseline (eager gate {strategy.eager_gate})"))
-    for backend in strategy.candidate_backends(model.module, device):  # the list, and the order, export tries
-        backend = backend.for_run(settings.precision, plan.cache_root)
+    for backend in strategy.backends_for_run(model.module, device, settings.precision, plan.cache_root):  # as export tries them
         s = screen(backend, model.format, device)
         plans.append(CandidatePlan(s.name, backend.name, "candidate", backend.triton_platform, backend.model_filename, s.runnable, s.reason))
     policy = strategy.batch_policy(tuple(recorded))
-    budget = settings.memory_budget_mb()
+    budget = strategy.memory_budget_mb  # the value the strategy holds ("auto" reads free memory once, in the plan)
     overrides = precision_tolerances(signature, settings.precision, plan.tolerances)
     return Inspection(
         model={

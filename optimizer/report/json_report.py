@@ -1,6 +1,7 @@
 """Writing report.json: the TuneResult, the settings that produced it (replayable with --config) and where it was published.
 
-Reading it back is records/report_file.py (validation and republish read reports too, and sit beside report/)."""
+Reading it back is records/report_file.py: validation (triton/, a peer of report/) and republish (app/) read
+reports too, and triton/ must not import report/."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from optimizer.backend import Backend
@@ -58,6 +59,15 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
     def _candidate_backends(self, ctx: TuneContext) -> list[Backend]:
         return self.candidate_backends(ctx.model.module, ctx.device)
 
+    def backends_for_run(self, module: Any, device: Device | str, precision: str, cache_root: Path | None) -> list[Backend]:
+        """The candidates as a run configures them (its --precision, caches under its cache root): what `tune`
+        hands the scheduler and what `inspect` lists, from this one place."""
+        return [b.for_run(precision, cache_root) for b in self.candidate_backends(module, device)]
+
+    def wants_eager(self, model_format: str) -> bool:
+        """Whether eager PyTorch is measured as the bar: the gate is not disabled and the model is a torch module."""
+        return self.eager_gate != "disabled" and model_format == "torch"
+
     @abstractmethod
     def _metric(self, cand: Candidate) -> float | None:
         """The ranking value of a passed candidate (None: it has no usable measurement)."""
@@ -87,7 +97,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         Eager PyTorch is measured too unless the gate is disabled; it is the bar, never published.
         """
         t0 = time.perf_counter()
-        backends = [b.for_run(ctx.precision, ctx.cache_root) for b in self._candidate_backends(ctx)]
+        backends = self.backends_for_run(ctx.model.module, ctx.device, ctx.precision, ctx.cache_root)
         if not backends:
             raise NoCandidateError(
                 "no candidate backends: the strategy was given an empty list; name at least one with --backend "
@@ -95,7 +105,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             )
         deadline = time.time() + ctx.time_budget_s if ctx.time_budget_s else None
         scheduler = CandidateScheduler(ctx, self.batch_policy(ctx.recorded_batch_sizes), self.memory_budget_mb, deadline)
-        run = scheduler.run(backends, measure_eager=self._wants_eager(ctx))
+        run = scheduler.run(backends, measure_eager=self.wants_eager(ctx.model.format))
         order = {b.name: i for i, b in enumerate(backends)}
         candidates = sorted(run.candidates, key=lambda c: order.get(c.backend, len(order)))
         warnings: list[str] = []
@@ -137,9 +147,6 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         if selected is not None and selected.artifact is not None:
             precision = selected.artifact.metadata.get("precision", ctx.precision)
         return tolerances_to_json(precision_tolerances(ctx.signature, precision, ctx.tolerances))
-
-    def _wants_eager(self, ctx: TuneContext) -> bool:
-        return self.eager_gate != "disabled" and ctx.model.format == "torch"
 
     def _beats_eager(self, cand: Candidate, eager: Candidate | None) -> bool | None:
         """None when there is nothing to compare with."""
