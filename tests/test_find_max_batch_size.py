@@ -37,7 +37,8 @@ def test_saturation_stops_two_steps_after_the_knee():
 def test_growth_resumes_when_throughput_climbs_again():
     fake = FakeModel(lambda b: {1: 100, 2: 102, 4: 130, 8: 131, 16: 132, 32: 133}[b])
     d = find_max_batch_size(fake, BatchPolicy())
-    assert fake.measured == [1, 2, 4, 8, 16] and d.max_batch_size == 16
+    assert fake.measured == [1, 2, 4, 8, 16] and d.largest_fit == 16
+    assert d.max_batch_size == d.peak == 4 and d.decided_by == "peak" and d.search_stop == "saturation"
 
 
 def test_allocation_failure_is_refined_by_bisection():

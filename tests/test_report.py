@@ -96,7 +96,7 @@ def test_report_says_why_the_winner_won_and_how_the_max_batch_was_decided():
     assert f"## Max batch size: {result.max_batch_size}" in md
     assert f"Decided by **{chosen.decision.decided_by}**" in md
     assert chosen.decision.explanation in md
-    assert f"Knee at batch {chosen.decision.knee}" in md
+    assert f"knee at batch {chosen.decision.knee}" in md and f"Throughput peak at batch {chosen.decision.peak}" in md
     if chosen.ceiling_estimate is not None:
         assert f"estimated at about batch {chosen.ceiling_estimate}" in md
     measured = _table_rows(md, "batch")

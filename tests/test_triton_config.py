@@ -81,7 +81,7 @@ def test_golden_config_per_platform(tmp_path: Path, platform: str):
     assert config.name == "m" and config.max_batch_size == 8
     assert (config.platform or config.backend) == ("openvino" if platform == "openvino" else platform)
     assert [list(t.dims) for t in config.input] == [[3, 8, 8]] and [list(t.dims) for t in config.output] == [[10]]
-    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4]
     assert config.dynamic_batching.max_queue_delay_microseconds == 100  # a tenth of the 1.0 ms p50 at batch 1
     group = config.instance_group[0]
     if platform == "tensorrt_plan":
@@ -147,8 +147,8 @@ def test_scalar_tensor_without_batching_is_refused_with_tritons_words(tmp_path: 
 
 def test_queue_delay_is_a_tenth_of_a_single_requests_p50():
     plan = batching_plan(decision(8, 4, [profile(1, 2.0), profile(4, 3.2), profile(8, 6.0)]), 8, None, 95)
-    assert (plan.knee, plan.single_p50_ms, plan.share_us, plan.clamped_us, plan.max_queue_delay_microseconds) == (4, 2.0, 200, 200, 200)
-    assert plan.preferred_batch_size == [4, 8] and plan.budget_room_us is None
+    assert (plan.peak, plan.single_p50_ms, plan.share_us, plan.clamped_us, plan.max_queue_delay_microseconds) == (4, 2.0, 200, 200, 200)
+    assert plan.preferred_batch_size == [4] and plan.budget_room_us is None
     assert "p50 at batch 1 = 2.000 ms -> 10% = 200 us" in plan.explanation
 
 

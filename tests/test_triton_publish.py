@@ -74,7 +74,7 @@ def test_new_model_lands_complete_with_nothing_left_beside_it(tmp_path: Path):
     assert published.version == 1 and not published.replaced and published.versions == [1]
     assert staging_leftovers(tmp_path / "repo") == [] and sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["m"]
     batching = published.config["batching"]
-    assert batching["max_queue_delay_microseconds"] == 100 and batching["knee"] == 4 and batching["share_us"] == 100
+    assert batching["max_queue_delay_microseconds"] == 100 and batching["peak"] == 4 and batching["share_us"] == 100
 
 
 def test_report_json_shows_the_dynamic_batching_formula_inputs_and_result(tmp_path: Path):
@@ -83,10 +83,10 @@ def test_report_json_shows_the_dynamic_batching_formula_inputs_and_result(tmp_pa
     report = write_report(tmp_path / "report" / "report.json", result, ExportSettings(name="m"), published)
     batching = json.loads(report.read_text())["published"]["config"]["batching"]
     assert batching["formula"].startswith("max_queue_delay_microseconds = clamp(10% of p50(batch 1)")
-    assert {k: batching[k] for k in ("knee", "single_p50_ms", "share_us", "latency_budget_ms", "max_batch_latency_at", "budget_room_us",
+    assert {k: batching[k] for k in ("peak", "single_p50_ms", "share_us", "latency_budget_ms", "max_batch_latency_at", "budget_room_us",
                                      "max_queue_delay_microseconds", "preferred_batch_size")} == {
-        "knee": 4, "single_p50_ms": 1.0, "share_us": 100, "latency_budget_ms": 3.65, "max_batch_latency_at": 8, "budget_room_us": 50,
-        "max_queue_delay_microseconds": 50, "preferred_batch_size": [4, 8]}
+        "peak": 4, "single_p50_ms": 1.0, "share_us": 100, "latency_budget_ms": 3.65, "max_batch_latency_at": 8, "budget_room_us": 50,
+        "max_queue_delay_microseconds": 50, "preferred_batch_size": [4]}
     config = parse((tmp_path / "repo" / "m" / "config.pbtxt").read_text())
     assert config.dynamic_batching.max_queue_delay_microseconds == 50
 

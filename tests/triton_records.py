@@ -34,8 +34,9 @@ def profile(batch: int, p50_ms: float, throughput: float | None = None) -> Batch
 
 
 def decision(max_batch: int, knee: int, profiles: list[BatchProfile], decided_by: str = "saturation") -> MaxBatchDecision:
+    """A search's result whose throughput peak (the preferred size) is `knee`."""
     best = max(profiles, key=lambda p: p.throughput).batch_size
-    return MaxBatchDecision(profiles, max_batch, knee, best, decided_by)
+    return MaxBatchDecision(profiles, max_batch, knee, best, decided_by, peak=knee, largest_fit=max_batch, search_stop=decided_by)
 
 
 def write_onnx_interface(path: Path, sig: Signature, batch_dim: int | str = "batch") -> None:

@@ -76,6 +76,7 @@ LIMITS = {
     "time_budget": "the time budget ran out",
     "recorded": "the largest batch recorded in the samples (JIT workflow)",
     "no_batching": "the model does not batch",
+    "peak": "the throughput peak: the smallest measured batch within the measured noise of the best throughput",
 }
 """Why the published max_batch_size is what it is, by decision key."""
 
@@ -93,6 +94,9 @@ class MaxBatchDecision:
     first_failure: int | None = None
     failure: str = ""
     over_budget: list[BatchProfile] = field(default_factory=list)  # sizes measured but above the latency budget
+    peak: int = 0  # the smallest batch within the measured noise of the best throughput (0: none measured)
+    largest_fit: int = 0  # the largest measured batch that fit (memory and latency budget): what capacity allows
+    search_stop: str = ""  # why the growth stopped (a LIMITS key); decided_by is "peak" when the peak capped the max
 
     @property
     def best(self) -> BatchProfile:
@@ -107,6 +111,9 @@ class MaxBatchDecision:
         text = f"max_batch_size {self.max_batch_size}: {why}"
         if self.decided_by in ("memory", "latency_budget") and self.first_failure:
             text += f" (first failing size {self.first_failure})"
+        if self.decided_by == "peak" and self.largest_fit > self.max_batch_size:
+            stop = LIMITS.get(self.search_stop, self.search_stop)
+            text += f"; batches up to {self.largest_fit} fit (the search stopped there: {stop})"
         return text + f"; knee at {self.knee}, best throughput at {self.best_batch}"
 
     def to_json(self) -> dict[str, Any]:
@@ -120,6 +127,9 @@ class MaxBatchDecision:
             "ceiling": self.ceiling,
             "first_failure": self.first_failure,
             "failure": self.failure,
+            "peak": self.peak,
+            "largest_fit": self.largest_fit,
+            "search_stop": self.search_stop,
             "explanation": self.explanation,
         }
 
@@ -135,4 +145,7 @@ class MaxBatchDecision:
             ceiling=d.get("ceiling"),
             first_failure=d.get("first_failure"),
             failure=d.get("failure", ""),
+            peak=d.get("peak", d["best_batch"]),
+            largest_fit=d.get("largest_fit", d["max_batch_size"]),
+            search_stop=d.get("search_stop", d["decided_by"]),
         )

@@ -189,7 +189,11 @@ def _max_batch(result: TuneResult) -> str:
         return ""
     lines = [f"## Max batch size: {result.max_batch_size}", ""]
     lines.append(f"- Decided by **{d.decided_by}**: {LIMITS.get(d.decided_by, d.decided_by)}.")
-    lines.append(f"- Knee at batch {d.knee} (the smallest batch close to the best throughput); best throughput at batch {d.best_batch}.")
+    lines.append(f"- Throughput peak at batch {d.peak or d.best_batch} (the smallest batch within the measured noise of the best); "
+                 f"knee at batch {d.knee}; best throughput at batch {d.best_batch}.")
+    if d.largest_fit > result.max_batch_size:
+        lines.append(f"- Batches up to {d.largest_fit} fit (the search stopped there: {LIMITS.get(d.search_stop, d.search_stop)}); "
+                     "publishing past the peak serves less at a higher latency.")
     if d.ceiling is not None:
         lines.append(f"- Capacity ceiling: batch {d.ceiling} is the largest that fit" + (f"; batch {d.first_failure} did not ({_cell(d.failure)})" if d.first_failure else "") + ".")
     elif cand.ceiling_estimate is not None:

@@ -6,6 +6,12 @@ size is searched, not when the user asked for one), the user's cap or the search
 budget. A memory or latency stop is refined by bisection between the
 last good and the first bad size. The knee (smallest batch within `saturation_gain` of the best
 throughput) and the capacity ceiling are reported separately from the published maximum.
+
+When the size is searched (not asked for), the published maximum is the throughput peak: the
+smallest batch within the measured noise of the best. Past it a saturated server forms larger
+batches that serve less at several times the latency, and on a flat curve the smallest
+equivalent batch answers sooner and repeats from run to run; the largest batch that fit is kept
+as `largest_fit` for the served search to try.
 """
 
 from __future__ import annotations
@@ -30,6 +36,22 @@ def knee_of(profiles: list[BatchProfile], gain: float) -> int:
     return min(p.batch_size for p in profiles if p.throughput >= (1.0 - gain) * best)
 
 
+MIN_NOISE = 0.02
+MAX_NOISE = 0.10
+"""The band a throughput counts as equal to the best: each profile's window spread (cv), within these bounds."""
+
+
+def noise_of(p: BatchProfile) -> float:
+    """The relative spread of a profile's throughput windows, bounded (an unsettled profile counts as the widest)."""
+    return MAX_NOISE if p.cv < 0 else min(MAX_NOISE, max(MIN_NOISE, p.cv))
+
+
+def peak_of(profiles: list[BatchProfile]) -> int:
+    """Smallest batch whose throughput is within the measured noise of the best one (both profiles' spread counts)."""
+    best = max(profiles, key=lambda p: p.throughput)
+    return min(p.batch_size for p in profiles if p.throughput >= (1.0 - max(noise_of(best), noise_of(p))) * best.throughput)
+
+
 def _saturated(profiles: list[BatchProfile], gain: float, steps: int) -> bool:
     """True when each of the last `steps` sizes gained less than `gain` over the best before it."""
     if len(profiles) <= steps:
@@ -45,7 +67,7 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
     """Run the search with `measure(batch) -> BatchProfile` (raising OutOfMemory / TimeBudgetExceeded)."""
     if not batching:
         p = measure(1)
-        return MaxBatchDecision([p], 0, 1, 1, "no_batching")
+        return MaxBatchDecision([p], 0, 1, 1, "no_batching", peak=1, largest_fit=0, search_stop="no_batching")
     if policy.batch_sizes:
         return _measure_recorded(measure, policy)
     good: list[BatchProfile] = []
@@ -100,16 +122,21 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
     best = max(good, key=lambda p: p.throughput)
     largest = good[-1].batch_size
     ceiling = largest if decided_by == "memory" else None
+    peak = peak_of(good)
+    capped = policy.max_batch_size is None and peak < largest  # searched, not asked for: never past the peak
     return MaxBatchDecision(
         profiles=good,
-        max_batch_size=largest,
+        max_batch_size=peak if capped else largest,
         knee=knee_of(good, policy.saturation_gain),
         best_batch=best.batch_size,
-        decided_by=decided_by,
+        decided_by="peak" if capped else decided_by,
         ceiling=ceiling,
         first_failure=first_bad,
         failure=failure,
         over_budget=sorted(over, key=lambda p: p.batch_size),
+        peak=peak,
+        largest_fit=largest,
+        search_stop=decided_by,
     )
 
 
@@ -132,7 +159,8 @@ def _measure_recorded(measure: Callable[[int], BatchProfile], policy: BatchPolic
     if not good:
         return MaxBatchDecision([], 0, 0, 0, "recorded", None, first_bad, failure, over)
     best = max(good, key=lambda p: p.throughput)
-    return MaxBatchDecision(good, good[-1].batch_size, knee_of(good, policy.saturation_gain), best.batch_size, "recorded", None, first_bad, failure, over)
+    return MaxBatchDecision(good, good[-1].batch_size, knee_of(good, policy.saturation_gain), best.batch_size, "recorded", None, first_bad, failure, over,
+                            peak=peak_of(good), largest_fit=good[-1].batch_size, search_stop="recorded")
 
 
 def estimate_ceiling(profiles: list[BatchProfile], limit_mb: float) -> int | None:

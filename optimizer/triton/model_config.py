@@ -45,7 +45,7 @@ MAX_QUEUE_DELAY_US = 1_000
 QUEUE_DELAY_FORMULA = (
     "max_queue_delay_microseconds = clamp(10% of p50(batch 1), 0, 1 ms); "
     "with a latency budget: min(that, budget - p<percentile>(max batch)), at least 0. "
-    "preferred_batch_size = the knee and max_batch_size, sizes above 1 only"
+    "preferred_batch_size = [the throughput peak] (the smallest batch within the measured noise of the best), above 1 only"
 )
 """The rule README.md documents; `BatchingPlan.explanation` shows it with the run's numbers."""
 
@@ -71,8 +71,8 @@ class BatchingPlan:
     preferred_batch_size: list[int]
     max_queue_delay_microseconds: int
     max_batch_size: int
-    knee: int
-    knee_p50_ms: float | None
+    peak: int  # the throughput peak the preferred size comes from
+    peak_p50_ms: float | None
     percentile: int
     latency_budget_ms: float | None
     max_batch_latency_ms: float | None  # latency at `percentile` of the largest measured batch <= max_batch_size
@@ -169,8 +169,8 @@ def batching_plan(decision: MaxBatchDecision | None, max_batch_size: int, latenc
     if decision is None or not decision.profiles:
         off.explanation = "no dynamic_batching: the record has no measured batch sizes to derive it from"
         return off
-    knee = decision.knee if decision.profile_at(decision.knee) else decision.best_batch
-    knee_profile = decision.profile_at(knee) or decision.best
+    peak = min(decision.peak or decision.best_batch, max_batch_size)
+    peak_profile = decision.profile_at(peak) or decision.best
     single = min(decision.profiles, key=lambda p: p.batch_size)
     share = int(round(single.p50_ms * 1000 * QUEUE_DELAY_SHARE))
     clamped = max(MIN_QUEUE_DELAY_US, min(MAX_QUEUE_DELAY_US, share))
@@ -183,9 +183,9 @@ def batching_plan(decision: MaxBatchDecision | None, max_batch_size: int, latenc
         room = int(round((latency_budget_ms - worst_ms) * 1000))
         delay = max(0, min(clamped, room))
         text += f"; budget {latency_budget_ms:g} ms - p{percentile} at batch {worst.batch_size} ({worst_ms:.3f} ms) = {room} us -> {delay} us"
-    preferred = sorted({b for b in (knee, max_batch_size) if 1 < b <= max_batch_size})
-    text += f"; preferred_batch_size {preferred} (knee {knee}, max {max_batch_size})"
-    return BatchingPlan(True, preferred, delay, max_batch_size, knee, knee_profile.p50_ms, percentile, latency_budget_ms,
+    preferred = [peak] if 1 < peak <= max_batch_size else []
+    text += f"; preferred_batch_size {preferred} (throughput peak {peak}, max {max_batch_size})"
+    return BatchingPlan(True, preferred, delay, max_batch_size, peak, peak_profile.p50_ms, percentile, latency_budget_ms,
                         worst_ms, worst.batch_size, single.p50_ms, share, clamped, room, explanation=text)
 
 
