@@ -115,6 +115,20 @@ def settings_from_cli(model: str | None, config: str | None, options: dict[str, 
     return settings_from(values)
 
 
+def _served_search_line(search: dict[str, Any]) -> str:
+    """One line: what the served search chose and measured, or why it did not run."""
+    if search["status"] != "searched":
+        return f"served search {search['status']}: {search['reason']}"
+    chosen = next((v for v in search["variants"] if v["point"] == search["chosen"] and v["status"] == "measured"), None)
+    start = next((v for v in search["variants"] if v["stage"] == "start"), None)
+    label = " (stand-in backend)" if search["stand_in"] else ""
+    if chosen is None or start is None:
+        return f"served search: {len(search['variants'])} variants"
+    return (f"served search: {chosen['label']} serves {chosen['throughput']:.1f}/s, p95 {chosen['p95_ms']:.1f} ms at concurrency "
+            f"{search['concurrency']}{label}; the in-process rules' config served {start['throughput']:.1f}/s, p95 {start['p95_ms']:.1f} ms "
+            f"({len(search['variants'])} variants in {search['seconds']:.0f} s; {search['stopped']})")
+
+
 @main.command()
 @click.argument("model", required=False)
 @click.option("--config", type=click.Path(dir_okay=False), help="A TOML settings file; its keys are these long option names (flags given here win).")
@@ -147,6 +161,8 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     click.echo(f"published {outcome.published.model_dir} (version {outcome.published.version})")
     if outcome.published.config:
         click.echo(outcome.published.config["batching"]["explanation"])
+    if outcome.published.served_search:
+        click.echo(_served_search_line(outcome.published.served_search))
     click.echo(f"report {outcome.report_path}")
     if outcome.published.model_analyzer_config:
         click.echo(f"Model Analyzer config: {outcome.published.model_analyzer_config}")

@@ -9,7 +9,7 @@ What a renderer may rely on (optimizer/report/progress.py relies on nothing else
   "batch N:". Other events of a candidate (build/correctness done, stage changes) are informative.
 - `done` / `total` count the finished steps of tuning (0 / 0 when an event is not counted).
 - Every other event describes a whole phase of the run (load, signature, reference, select,
-  publish, report, validate): start, then done / failed / skipped.
+  serve, publish, report, validate): start, then done / failed / skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-PHASES = ("load", "signature", "reference", "build", "correctness", "profile", "select", "publish", "report", "validate")
+PHASES = ("load", "signature", "reference", "build", "correctness", "profile", "select", "serve", "publish", "report", "validate")
 
 CANDIDATE_PHASES = frozenset({"build", "correctness", "profile"})
 """Phases whose events belong to one candidate (they share that candidate's progress line)."""

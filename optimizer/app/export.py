@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, from_module, load_model
+from optimizer.records.served_search import ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.report.json_report import write_report
 from optimizer.report.markdown import write_report_files
@@ -109,11 +110,13 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         write_report_files(report_path)
         raise NoCandidateError(_no_candidate_message(result, report_path))
 
-    # 5. publish, then report
-    on_event(Event("publish", "start", result.selected))
+    # 5. serve search, publish, then report
     options = PublishOptions(Path(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
                              Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir)
     try:
+        search = _serve_search(settings, plan.cache_root, result, options, work, on_event)
+        options = replace(options, served_search=search, operating_point=search.chosen if search.status == "searched" else None)
+        on_event(Event("publish", "start", result.selected))
         published = publish(result, options)
     except (PublishError, TemplateError, ConfigRuleError):  # the tuning results are kept in the report
         write_report(report_path, result, settings)
@@ -131,6 +134,18 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
                               on_event=on_event, cache_dir=plan.cache_root)
         write_report_files(report_path)  # again, now with the validation section
     return ExportOutcome(result, published, report_path, validation)
+
+
+def _serve_search(settings: ExportSettings, cache_root: Path, result: TuneResult, options: PublishOptions, work: Path,
+                  on_event: EventSink) -> ServedSearch:
+    """The served operating point (section 6b of the design): measured in the local server unless --serve-search off."""
+    if settings.serve_search == "off":
+        return ServedSearch(status="off", reason="--serve-search off: the in-process rules stand")
+    from optimizer.triton.served_search import SearchRequest, served_search
+
+    request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile,
+                            settings.serve_search_seconds, cache_root)
+    return served_search(result, options, request, on_event)
 
 
 def _load(settings: ExportSettings, module: Any, example_inputs: Any) -> LoadedModel:

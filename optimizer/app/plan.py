@@ -75,6 +75,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         cache_root=cache_root(settings.cache_dir),
     )
     check_precision(settings.precision, plan.device)
+    settings.check_serving()
     if settings.samples and not Path(settings.samples).exists():
         raise SettingsError(f"--samples file {settings.samples!r} does not exist; give an .npz with one array per input.")
     if settings.workflow == "jit" and not settings.samples:

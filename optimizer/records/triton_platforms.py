@@ -21,17 +21,18 @@ class TritonPlatform:
     libtorch_io_names: bool  # outputs must be named <name>__<i>
     gpu_only: bool  # cannot run on KIND_CPU
     positional_io: bool = False  # the backend addresses tensors by position: INPUT__<i> / OUTPUT__<i>
+    thread_parameter: str | None = None  # the config parameter that sets one instance's intra-op threads
 
 
 PLATFORMS: MappingProxyType[str, TritonPlatform] = MappingProxyType(
     {
         p.key: p
         for p in (
-            TritonPlatform("onnxruntime_onnx", "onnxruntime_onnx", "onnxruntime", "model.onnx", False, False),
-            TritonPlatform("pytorch_libtorch", "pytorch_libtorch", "pytorch", "model.pt", True, False),
-            TritonPlatform("torch_aoti", "torch_aoti", "pytorch", "model.pt2", False, False, positional_io=True),
+            TritonPlatform("onnxruntime_onnx", "onnxruntime_onnx", "onnxruntime", "model.onnx", False, False, thread_parameter="intra_op_thread_count"),
+            TritonPlatform("pytorch_libtorch", "pytorch_libtorch", "pytorch", "model.pt", True, False, thread_parameter="INTRA_OP_THREAD_COUNT"),
+            TritonPlatform("torch_aoti", "torch_aoti", "pytorch", "model.pt2", False, False, positional_io=True, thread_parameter="INTRA_OP_THREAD_COUNT"),
             TritonPlatform("tensorrt_plan", "tensorrt_plan", "tensorrt", "model.plan", False, True),
-            TritonPlatform("openvino", None, "openvino", "model.xml", False, False),
+            TritonPlatform("openvino", None, "openvino", "model.xml", False, False, thread_parameter="INFERENCE_NUM_THREADS"),
         )
     }
 )

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+"""2: a decision carries the throughput peak and the largest batch that fit (older ones published past the peak)."""
 TRUSTED_CONTENTION = 0.25
 """A measurement taken while other processes used more than this share of the CPU is not reused."""
 

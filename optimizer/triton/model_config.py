@@ -35,6 +35,7 @@ from optimizer.vocab import Device
 
 if TYPE_CHECKING:
     from optimizer.records.measurements import BatchProfile, MaxBatchDecision
+    from optimizer.records.served_search import OperatingPoint
     from optimizer.records.tune_result import TuneResult
 
 log = logging.getLogger(__name__)
@@ -260,17 +261,30 @@ def config_signature(artifact: Artifact) -> tuple[Signature, dict[str, str]]:
 
 
 def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | None = None,
-               version_policy: dict[str, Any] | None = None) -> ConfigSpec:
-    """The config of the selected candidate of a tuning result (no I/O: the record is all it needs)."""
+               version_policy: dict[str, Any] | None = None, point: OperatingPoint | None = None) -> ConfigSpec:
+    """The config of the selected candidate of a tuning result (no I/O: the record is all it needs).
+
+    `point` (the served search's choice) replaces the in-process rules' max batch, preferred sizes, queue
+    delay, instance count and per-instance threads.
+    """
     cand = result.selected_candidate
     artifact = cand.artifact
     if artifact is None or artifact.platform is None:
         raise PublishError(f"candidate {cand.name} has no publishable artifact; re-run the export.")
     platform = artifact.platform
     sig, renamed = config_signature(artifact)
-    mbs = result.max_batch_size if sig.batching else 0
+    mbs = (point.max_batch_size if point is not None else result.max_batch_size) if sig.batching else 0
     settings = dict(artifact.triton_settings)
     parameters = {k: parameter_text(v) for k, v in dict(settings.get("parameters", {})).items()}
+    batching = batching_plan(cand.decision, mbs, result.latency_budget_ms, result.percentile)
+    if point is not None:
+        if batching.enabled:
+            rules = batching_plan(cand.decision, result.max_batch_size if sig.batching else 0, result.latency_budget_ms, result.percentile)
+            batching = replace(batching, preferred_batch_size=[b for b in point.preferred if 1 < b <= mbs],
+                               max_queue_delay_microseconds=point.queue_delay_us,
+                               explanation=f"measured in the served search: {point.label}; the in-process rules said: {rules.explanation}")
+        if point.threads and platform.thread_parameter:
+            parameters[platform.thread_parameter] = str(point.threads)
     if platform.key == "torch_aoti":
         log.warning("%s | platform torch_aoti needs Triton 26.03 or later; the PyTorch backend's README says batch sizes above 1 "
                     "are not supported for AOTInductor packages yet (max_batch_size %d)", cand.name, mbs)
@@ -284,8 +298,8 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
         max_batch_size=mbs,
         inputs=[tensor_entry(t, sig.batching) for t in sig.inputs],
         outputs=[tensor_entry(t, sig.batching) for t in sig.outputs],
-        instance_group=instance_group_for(artifact, platform),
-        batching=batching_plan(cand.decision, mbs, result.latency_budget_ms, result.percentile),
+        instance_group=instance_group_for(artifact, platform, point.instances if point is not None else 1),
+        batching=batching,
         optimization=optimization_for(settings, sig, mbs),
         parameters=parameters,
         warmup=warmup or [],
@@ -293,6 +307,15 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
         settings=settings,
         template=platform.key,
     )
+
+
+def operating_point_of(spec: ConfigSpec, thread_parameter: str | None) -> OperatingPoint:
+    """The operating point a spec serves at (the served search's starting point is the rules' spec)."""
+    from optimizer.records.served_search import OperatingPoint
+
+    threads = spec.parameters.get(thread_parameter) if thread_parameter else None
+    return OperatingPoint(spec.max_batch_size, tuple(spec.batching.preferred_batch_size), spec.batching.max_queue_delay_microseconds,
+                          int(spec.instance_group.get("count", 1)), int(threads) if threads and str(threads).isdigit() and int(threads) > 0 else None)
 
 
 def warmup_entries(sig: Signature, feed: dict[str, np.ndarray], max_batch_size: int) -> tuple[list[dict[str, Any]], dict[str, bytes]]:

@@ -8,12 +8,13 @@ anything is written. The Model Analyzer config goes next to the report, outside 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from optimizer.errors import PublishError, TemplateError
 from optimizer.model.samples import load_feeds
+from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton import config_rules
 from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
@@ -34,7 +35,8 @@ class PublishOptions:
     """Where and how to publish (--repository, --name, --version, --overwrite, --warmup, --template-dir).
 
     `report_dir`, when set, receives the Model Analyzer config (model_analyzer.yaml) and perf_analyzer's
-    input data of the run's real samples (perf_analyzer_input.json).
+    input data of the run's real samples (perf_analyzer_input.json). `operating_point` (the served search's
+    choice) replaces the in-process rules' one; `served_search` is recorded with the published model.
     """
 
     repository: Path
@@ -44,6 +46,8 @@ class PublishOptions:
     warmup: bool = False
     template_dir: Path | None = None
     report_dir: Path | None = None
+    operating_point: OperatingPoint | None = None
+    served_search: ServedSearch | None = None
 
 
 def check_options(options: PublishOptions) -> None:
@@ -69,6 +73,9 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
     """The checked, canonical config text, the warmup files and the spec behind them; raises before anything is written."""
     artifact = result.selected_candidate.artifact
     assert artifact is not None and artifact.platform is not None
+    point = options.operating_point
+    if point is not None:  # warmup and engine profiles follow the served max batch
+        result = replace(result, max_batch_size=point.max_batch_size)
     if state.exists and not state.overwrite and state.config_text:
         _check_same_platform(state.config_text, artifact.platform.platform or artifact.platform.backend, options.name)
     warmup, files = [], {}
@@ -80,7 +87,7 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
         feed = load_feeds(feed_path)[0]
         warmup, files = warmup_entries(sig, {config_name: feed[name] for config_name, name in renamed.items() if name in feed},
                                        result.max_batch_size)
-    spec = build_spec(result, options.name, warmup, version_policy_for(state))
+    spec = build_spec(result, options.name, warmup, version_policy_for(state), point)
     text = render(spec, options.template_dir)
     source = _template_source(spec.template, options.template_dir)
     config = parse(text, f"config.pbtxt rendered from {source}", options.template_dir)
@@ -152,6 +159,7 @@ def publish(result: TuneResult, options: PublishOptions) -> Published:
     published = publish_model(options.repository, options.name, build, options.version, options.overwrite)
     spec = specs[-1]
     published.config = spec.to_json()
+    published.served_search = options.served_search.to_json() if options.served_search is not None else None
     if options.report_dir is not None:
         from optimizer.triton.model_analyzer import write_model_analyzer_config
 

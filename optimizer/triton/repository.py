@@ -310,12 +310,13 @@ class Published:
     config: dict[str, Any] | None = None  # the ConfigSpec (with the dynamic batching derivation)
     model_analyzer_config: str | None = None
     perf_analyzer_input: str | None = None  # --input-data JSON of the run's real samples, in the config's tensor names
+    served_search: dict[str, Any] | None = None  # records.served_search.ServedSearch: every variant measured in the server
 
     def to_json(self) -> dict[str, Any]:
         """The record report.json keeps under "published"."""
         return {"model_dir": str(self.model_dir), "version": self.version, "replaced": self.replaced, "versions": self.versions,
                 "config": self.config, "model_analyzer_config": self.model_analyzer_config,
-                "perf_analyzer_input": self.perf_analyzer_input}
+                "perf_analyzer_input": self.perf_analyzer_input, "served_search": self.served_search}
 
 
 def publish_model(repository: Path, name: str, build: Callable[[RepositoryState], ModelFiles], version: int | None,
