@@ -8,13 +8,15 @@ everything from a report.json on disk (the pipeline calls it right after writing
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from optimizer.records.candidate import Candidate
 from optimizer.records.measurements import LIMITS
 from optimizer.records.tune_result import TuneResult
+from optimizer.report.served_search_section import served_search_section
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ def write_report_files(report_path: Path, out_dir: Path | None = None) -> Render
     import json
 
     from optimizer.records.report_file import read_report
-    from optimizer.report.plots import write_plots
+    from optimizer.report.plots import write_plots, write_served_search_plot
 
     result, _, doc = read_report(report_path)
     out_dir = out_dir or report_path.parent
@@ -55,6 +57,9 @@ def write_report_files(report_path: Path, out_dir: Path | None = None) -> Render
         except ValueError as err:
             log.warning("%s is not JSON (%s); the report leaves validation out", vpath, err)
     plots = write_plots(result, out_dir)
+    served = write_served_search_plot((doc.get("published") or {}).get("served_search"), out_dir)
+    if served is not None:
+        plots["served_search"] = served
     text = render_markdown(result, doc.get("settings", {}), doc.get("published"), validation, {k: p.name for k, p in plots.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "report.md"
@@ -73,16 +78,18 @@ def render_markdown(
 
     Args:
         settings: the `settings` table of report.json (ExportSettings as a dict).
-        published: report.json's `published` ({"model_dir", "version", ...}); None: nothing was published.
+        published: report.json's `published` ({"model_dir", "version", "served_search", ...}); None: nothing was published.
         validation: validation.json as a dict, None when validation did not run; see `validation_section`.
-        plots: plot kind ("throughput", "latency") -> file name relative to report.md.
+        plots: plot kind ("throughput", "latency", "served_search") -> file name relative to report.md.
     """
+    plots = plots or {}
     parts = [
         _summary(result, settings, published),
         _why(result),
-        _plots(result, plots or {}),
+        _plots(result, plots),
         _candidates(result),
         _max_batch(result),
+        served_search_section((published or {}).get("served_search"), plots.get("served_search")),
     ]
     if validation is not None:
         parts.append(validation_section(validation))

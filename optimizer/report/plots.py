@@ -1,4 +1,5 @@
-"""Throughput and latency versus batch size, one line per candidate, the published point marked.
+"""Throughput and latency versus batch size, one line per candidate, the published point marked; and the
+served search's variants, throughput versus latency, the published config marked.
 
 The data is gathered first (`plot_data`, plain records a test can check), then drawn on
 matplotlib figures with the Agg canvas (no display, no pyplot global state). matplotlib is
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 PLOT_FILES = {"throughput": "throughput.png", "latency": "latency.png"}
 """Plot kind -> file name, written beside report.json and linked from report.md."""
+SERVED_SEARCH_FILE = "served_search.png"
+"""The served search's plot (`write_served_search_plot`), drawn from report.json's `published.served_search`."""
 
 
 @dataclass
@@ -128,7 +131,67 @@ def write_plots(result: TuneResult, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _axes(title: str, ylabel: str) -> tuple[Any, Any]:
+def served_search_figure(search: dict[str, Any]) -> Figure | None:
+    """Served throughput versus latency at the search's percentile, one annotated point per measured variant,
+    the published config a star and the in-process rules' config a square; None when nothing was measured.
+
+    `search` is report.json's `published.served_search` (ServedSearch.to_json()).
+    """
+    pct = search.get("percentile") if search.get("percentile") in (50, 95, 99) else 95
+    points = [v for v in search.get("variants") or [] if v.get("throughput") is not None and v.get(f"p{pct}_ms") is not None]
+    if not points:
+        return None
+    kind = " (stand-in backend)" if search.get("stand_in") else ""
+    fig, ax = _axes(f"served search at concurrency {search.get('concurrency')}{kind}", "served throughput (infer/s)",
+                    xlabel=f"p{pct} latency (ms)", log_x=False)
+    xs, ys = [v[f"p{pct}_ms"] for v in points], [v["throughput"] for v in points]
+    ax.plot(xs, ys, linestyle="none", marker="o", markersize=5, label="variants")
+    for i, (v, x, y) in enumerate(sorted(zip(points, xs, ys), key=lambda t: (t[1], t[2]))):  # neighbours' labels alternate above, below
+        ax.annotate(short_label(v["point"]), (x, y), textcoords="offset points", xytext=(5, 5 if i % 2 == 0 else -11), fontsize="x-small")
+    start = next((v for v in points if v["point"] == search.get("start")), None)
+    if start is not None:
+        ax.plot([start[f"p{pct}_ms"]], [start["throughput"]], linestyle="none", marker="s", markersize=11, fillstyle="none",
+                color="grey", zorder=4, label="in-process rules")
+    chosen = next((v for v in points if v["point"] == search.get("chosen") and v.get("status") == "measured"), None)
+    if chosen is not None:
+        ax.plot([chosen[f"p{pct}_ms"]], [chosen["throughput"]], linestyle="none", marker="*", markersize=16, color="black",
+                zorder=5, label="published")
+    budget = search.get("latency_budget_ms")
+    if budget is not None:
+        ax.axvline(budget, color="grey", linestyle=":", label=f"budget {budget:g} ms")
+    ax.set_xlim(0, max(xs + ([budget] if budget is not None else [])) * 1.4)  # room for the labels right of the points
+    ax.set_ylim(0, max(ys) * 1.15)
+    ax.legend(fontsize="small", loc="lower left")
+    return fig
+
+
+def write_served_search_plot(search: dict[str, Any] | None, out_dir: Path) -> Path | None:
+    """Draw `served_search_figure` into `out_dir`; None when there is no search, nothing measured, or no matplotlib."""
+    if not search or search.get("status") != "searched":
+        return None
+    try:
+        fig = served_search_figure(search)
+    except ImportError as err:
+        log.warning("no served-search plot: matplotlib cannot be imported (%s); install the report extra: pip install 'aitune-export[report]'", err)
+        return None
+    if fig is None:
+        return None
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / SERVED_SEARCH_FILE
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def short_label(point: dict[str, Any]) -> str:
+    """A stored OperatingPoint in a few characters, e.g. "max 8 pref[8] 2x1t d0" (d: the queue delay in us)."""
+    pref = ",".join(map(str, point.get("preferred") or ())) or "-"
+    threads = point.get("threads")
+    layout = f"{point.get('instances', 1)}x{threads}t" if threads else f"{point.get('instances', 1)}i"
+    return f"max {point.get('max_batch_size')} pref[{pref}] {layout} d{point.get('queue_delay_us')}"
+
+
+def _axes(title: str, ylabel: str, xlabel: str = "batch size", log_x: bool = True) -> tuple[Any, Any]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -136,9 +199,10 @@ def _axes(title: str, ylabel: str) -> tuple[Any, Any]:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.set_title(title)
-    ax.set_xlabel("batch size")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_xscale("log", base=2)
+    if log_x:
+        ax.set_xscale("log", base=2)
     ax.grid(True, which="major", alpha=0.3)
     return fig, ax
 

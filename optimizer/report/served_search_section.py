@@ -1,0 +1,152 @@
+"""report.md's "Served search" section: what the local tritonserver measured and which config was published.
+
+A pure function of report.json's `published.served_search` (ServedSearch.to_json(), see
+optimizer/records/served_search.py): a few sentences on the load, the backend that served it
+(every served number is labelled stand-in or native), the request mix, the search's length and end,
+the published point against the in-process rules' point and the prediction; then one table row per
+variant in measurement order, the published row marked. Skipped or off: one line with the reason.
+
+The table helpers are local: markdown.py imports this module, so importing its helpers back would be a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+RULES_STAND = "the in-process rules stand"
+
+_HEADER = ("stage", "point", "differs from published", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "server batch", "status")
+
+
+def served_search_section(search: dict[str, Any] | None, plot: str | None = None) -> str:
+    """The "## Served search" section; "" when the report has no served search (an older report).
+
+    Args:
+        search: report.json's `published.served_search`.
+        plot: the served-search plot's file name relative to report.md, linked under the sentences when given.
+    """
+    if not search:
+        return ""
+    lines = ["## Served search", ""]
+    status = search.get("status", "")
+    if status != "searched":
+        reason = str(search.get("reason") or "no reason recorded")
+        if RULES_STAND not in reason:
+            reason += f"; {RULES_STAND}"
+        lines.append(f"{'Off' if status == 'off' else 'Skipped'}: {_cell(reason)}.")
+        return "\n".join(lines)
+    lines.append(_story(search))
+    if plot:
+        lines += ["", f"![served throughput vs p{_percentile(search)} latency]({plot})", "",
+                  "The star is the published config; the square is the in-process rules' config."]
+    lines += ["", _table(_header(search), [_row(v, search) for v in search.get("variants") or []])]
+    return "\n".join(lines)
+
+
+def _story(search: dict[str, Any]) -> str:
+    """The sentences above the table."""
+    kind = _kind(search)
+    pct = _percentile(search)
+    variants = search.get("variants") or []
+    where = f"Measured at concurrency {search.get('concurrency')} ({_cell(search.get('concurrency_source') or 'source not recorded')})"
+    budget = search.get("latency_budget_ms")
+    where += f", within a p{pct} latency budget of {float(budget):g} ms" if budget is not None else ", without a latency budget"
+    where += f", on {_cell(search['request_mix'])}." if search.get("request_mix") else "."
+    served = f" Served by the {_cell(search.get('served_by') or f'{kind} backend')}"
+    served += "; every served number here is the stand-in's, not the native backend's." if search.get("stand_in") else " (native)."
+    length = f" {len(variants)} variants in {float(search.get('seconds') or 0.0):.0f} s (budget {float(search.get('budget_s') or 0.0):g} s)"
+    length += f"; stopped: {_cell(search['stopped'])}." if search.get("stopped") else "."
+    first = where + served + length
+    chosen, start = _label(search.get("chosen")), _label(search.get("start"))
+    chosen_v, start_v = _chosen_variant(search), next((v for v in variants if v.get("stage") == "start"), None)
+    if search.get("chosen") == search.get("start"):
+        second = f"Published **{chosen}**, the in-process rules' config: no variant measured served more"
+        second += f" ({_served(chosen_v, pct, kind)})" if chosen_v else ""
+    else:
+        second = f"Published **{chosen}**" + (f" ({_served(chosen_v, pct, kind)})" if chosen_v else "")
+        second += f" instead of the in-process rules' {start}" + (f" ({_served(start_v, pct, kind)})" if start_v else "")
+    second += "."
+    prediction = []
+    if search.get("predicted_throughput") is not None:
+        prediction.append(f"{float(search['predicted_throughput']):.1f} infer/s served ({kind}) at concurrency {search.get('concurrency')}")
+    if search.get("in_process_throughput") is not None:
+        batch = f" at the server-formed batch {float(chosen_v['server_batch']):.2f}" if chosen_v and chosen_v.get("server_batch") else " at the server-formed batch"
+        prediction.append(f"{float(search['in_process_throughput']):.1f} samples/s in-process{batch}")
+    if search.get("per_request_ms") is not None:
+        prediction.append(f"the server's own cost {float(search['per_request_ms']):.3f} ms per request ({kind})")
+    third = f" Prediction: {', '.join(prediction)}." if prediction else ""
+    return f"{first} {second}{third}"
+
+
+def _header(search: dict[str, Any]) -> list[str]:
+    kind = _kind(search)
+    return [h if h in ("stage", "point", "differs from published", "status") else f"{h} ({kind})" for h in _HEADER]
+
+
+def _row(v: dict[str, Any], search: dict[str, Any]) -> list[str]:
+    published = v.get("point") == search.get("chosen") and v.get("status") == "measured"
+    label = v.get("label") or _label(v.get("point"))
+    point = f"**{label}** (published)" if published else label
+    differs = "published" if published else (", ".join(f"{k} {_value(a)} (published {_value(b)})" for k, (a, b) in (v.get("differs") or {}).items()) or "same as published")
+    status = v.get("status", "")
+    if v.get("reason"):
+        status += f": {v['reason']}"
+    thr = v.get("throughput")
+    return [v.get("stage", ""), point, differs, f"{float(thr):.1f}" if thr is not None else "", _ms(v.get("p50_ms")), _ms(v.get("p95_ms")),
+            _ms(v.get("p99_ms")), f"{float(v['server_batch']):.2f}" if v.get("server_batch") else "", status]
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _chosen_variant(search: dict[str, Any]) -> dict[str, Any] | None:
+    return next((v for v in search.get("variants") or [] if v.get("point") == search.get("chosen") and v.get("status") == "measured"), None)
+
+
+def _kind(search: dict[str, Any]) -> str:
+    return "stand-in" if search.get("stand_in") else "native"
+
+
+def _percentile(search: dict[str, Any]) -> int:
+    pct = search.get("percentile") or 95
+    return pct if pct in (50, 95, 99) else 95
+
+
+def _served(v: dict[str, Any], pct: int, kind: str) -> str:
+    if v.get("throughput") is None:
+        return f"{v.get('status', '')}"
+    return f"{float(v['throughput']):.1f}/s at p{pct} {_ms(v.get(f'p{pct}_ms'))} ms, {kind}"
+
+
+def _label(point: dict[str, Any] | None) -> str:
+    """OperatingPoint.label of a stored point (the same words the table and the plot use)."""
+    if not point:
+        return "?"
+    pref = ",".join(map(str, point.get("preferred") or ())) or "-"
+    threads = point.get("threads")
+    layout = f"{point.get('instances', 1)}x{threads}t" if threads else f"{point.get('instances', 1)} inst"
+    return f"max {point.get('max_batch_size')} pref [{pref}] delay {point.get('queue_delay_us')}us {layout}"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(str, value)) + "]"
+    return "default" if value is None else str(value)
+
+
+def _ms(value: Any) -> str:
+    if value is None:
+        return ""
+    v = float(value)
+    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+
+
+def _cell(text: str) -> str:
+    """Text that keeps a Markdown table intact: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
