@@ -269,7 +269,8 @@ def report_command(report_json: str, output_dir: str | None) -> None:
 @click.option("--local", is_flag=True, help="Start a local tritonserver on REPO (the default when --url is not given).")
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
               help="Protocol perf_analyzer uses (and, with --url, the answer check); a local server is checked over both.")
-@click.option("--concurrency", default="1:8", show_default=True, metavar="START:END[:STEP]", help="perf_analyzer's concurrency sweep.")
+@click.option("--concurrency", default="auto", show_default=True, metavar="START:END[:STEP]",
+              help="perf_analyzer's concurrency sweep; auto: 1:8, or four levels up to the export's served-search concurrency.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Folder for validation.json; its report.json (the export's) supplies samples and the prediction "
                    "(default: the export's report folder, else aitune-reports/NAME beside REPO).")
@@ -322,8 +323,9 @@ def _print_validation(record: Any) -> None:
             batch = f"{r['server_batch']:.2f}" if r.get("server_batch") else "-"
             click.echo(f"    {r['concurrency']:>11}  {r['throughput']:>7.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {batch:>12}")
         if record.throughput_ratio is not None:
-            click.echo(f"  best {record.perf['best_throughput']:.1f} infer/s = {record.throughput_ratio:.2f}x the predicted "
-                       f"{record.predicted_throughput:.1f} infer/s ({record.predicted_by} at batch {record.predicted_batch}, in-process)")
+            at = f"at concurrency {record.predicted_concurrency}" if record.predicted_concurrency else "best"
+            click.echo(f"  served {at} = {record.throughput_ratio:.2f}x the predicted {record.predicted_throughput:.1f} infer/s "
+                       f"({record.predicted_by}: {record.predicted_how})")
     for note in record.notes:
         click.echo(f"  note: {note}")
     click.echo(f"  record {Path(record.output_dir) / 'validation.json'}")

@@ -63,7 +63,7 @@ class ExportSettings:
     concurrency: int | None = _opt(None, "--concurrency", "The load the served config is tuned for: concurrent requests (default: two peak batches in flight).", metavar="N", group="Serving")
     serve_search_seconds: float = _opt(25.0, "--serve-search-seconds", "Time the served search may take, server start included; it stops with the best variant so far.", metavar="SECONDS", group="Serving")
     validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
-    validate_concurrency: str = _opt("1:8", "--validate-concurrency", "perf_analyzer's concurrency sweep for --validate, START:END[:STEP].", metavar="RANGE", group="Validation")
+    validate_concurrency: str = _opt("auto", "--validate-concurrency", "perf_analyzer's concurrency sweep for --validate, START:END[:STEP]; auto: 1:8, or four levels up to the served search's concurrency.", metavar="RANGE", group="Validation")
 
     # -- derived values, checked before any work -----------------------------------------------
     def memory_budget_mb(self) -> float | None:

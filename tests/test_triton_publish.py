@@ -391,9 +391,10 @@ def test_export_stops_on_a_template_error_keeps_the_report_and_publish_finishes_
     assert (model / "1" / "model.onnx").is_file() and (tmp_path / "report" / "model_analyzer.yaml").is_file()
 
 
-def test_perf_analyzer_input_of_real_samples_lands_beside_the_report(tmp_path: Path):
+def test_perf_analyzer_input_is_the_profiled_request_mix_beside_the_report(tmp_path: Path):
     result = make_result(tmp_path / "run")
-    save_feeds(Path(result.reference.feeds), [{"image": np.ones((3, 3, 8, 8), np.float32)}])
+    save_feeds(Path(result.reference.feeds), [{"image": np.zeros((5, 3, 8, 8), np.float32)}])  # correctness samples: not the mix
+    save_feeds(Path(result.reference.profile_feed), [{"image": np.ones((3, 3, 8, 8), np.float32)}])
     published = publish(result, opts(tmp_path / "repo", report_dir=tmp_path / "report"))
     doc = json.loads(Path(published.perf_analyzer_input).read_text())
     assert Path(published.perf_analyzer_input).parent == tmp_path / "report"

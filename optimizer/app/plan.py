@@ -91,6 +91,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         from optimizer.triton.perf_analyzer import ConcurrencyRange, find_perf_analyzer
         from optimizer.triton.server import find_triton
 
-        ConcurrencyRange.parse(settings.validate_concurrency)
+        if settings.validate_concurrency != "auto":
+            ConcurrencyRange.parse(settings.validate_concurrency)
         find_triton(), find_perf_analyzer()
     return plan

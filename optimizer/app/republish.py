@@ -6,6 +6,7 @@ from pathlib import Path
 
 from optimizer.errors import PublishError
 from optimizer.records.report_file import read_report
+from optimizer.records.served_search import ServedSearch
 from optimizer.triton.publish import PublishOptions, check_options, publish
 from optimizer.triton.repository import Published
 
@@ -14,9 +15,12 @@ def republish(report: Path, repository: Path | None = None, name: str | None = N
               overwrite: bool | None = None, template_dir: Path | None = None, warmup: bool | None = None) -> Published:
     """`aitune-export publish REPORT.json`: re-emit the repository of a finished run without re-tuning.
 
-    Options left None come from the run's settings; the artifacts the report names must still exist.
+    Options left None come from the run's settings; the artifacts the report names must still exist. The
+    operating point the run's served search chose is published again (no server is started).
     """
-    result, settings, _ = read_report(report)
+    result, settings, doc = read_report(report)
+    recorded = (doc.get("published") or {}).get("served_search")
+    search = ServedSearch.from_json(recorded) if recorded else None
     if result.selected is None:
         raise PublishError(f"the run in {report} selected no candidate, so there is nothing to publish; see its candidates' reasons.")
     templates = template_dir or (Path(settings.template_dir) if settings.template_dir else None)
@@ -28,6 +32,8 @@ def republish(report: Path, repository: Path | None = None, name: str | None = N
         warmup=settings.warmup if warmup is None else warmup,
         template_dir=templates,
         report_dir=report.parent,
+        operating_point=search.chosen if search is not None and search.status == "searched" else None,
+        served_search=search,
     )
     check_options(options)
     return publish(result, options)

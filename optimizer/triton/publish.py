@@ -170,10 +170,11 @@ def publish(result: TuneResult, options: PublishOptions) -> Published:
 
 
 def _write_perf_analyzer_input(report_dir: Path, result: TuneResult) -> str | None:
-    """perf_analyzer's --input-data of the run's real samples (one batch-1 entry per sample), beside the report."""
+    """perf_analyzer's --input-data beside the report: the request mix in-process profiling timed (the user's first
+    sample, else the generated one at every dynamic axis' maximum), which the served search and validate send too."""
     from optimizer.triton.perf_analyzer import write_input_data
 
-    feeds_path = Path(result.reference.feeds)
+    feeds_path = Path(result.reference.profile_feed)
     if not feeds_path.is_file():
         return None
     sig, renamed = config_signature(result.selected_candidate.artifact)

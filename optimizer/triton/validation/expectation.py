@@ -10,6 +10,7 @@ from optimizer.errors import PublishError, RepositoryError, SettingsError, Signa
 from optimizer.model.signature import Signature
 from optimizer.records.correctness import Tolerance, tolerances_from_json
 from optimizer.records.report_file import read_report
+from optimizer.records.served_search import ServedSearch
 from optimizer.triton.validation.target import ModelTarget
 
 
@@ -28,6 +29,9 @@ class ExportReference:
     tolerances: dict[str, Tolerance] = field(default_factory=dict)  # output (or "") -> Tolerance, as the export checked
     input_names: list[str] = field(default_factory=list)  # the exported tensor names, in order
     output_names: list[str] = field(default_factory=list)
+    profile_feed: Path | None = None  # the request mix in-process profiling and the served search timed
+    predicted_concurrency: int | None = None  # the served search's concurrency (None: an in-process prediction)
+    predicted_how: str = ""  # where the prediction comes from, in words
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
@@ -53,7 +57,7 @@ def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | 
 def load_export_reference(report_path: Path) -> ExportReference:
     """The samples, reference outputs and predicted throughput recorded in an export's report.json."""
     try:
-        result, _, _ = read_report(report_path)
+        result, _, doc = read_report(report_path)
         signature = Signature.from_json(result.signature)
     except (OSError, SettingsError, SignatureError) as err:
         cause = err.__cause__ if isinstance(err, SettingsError) and err.__cause__ is not None else err
@@ -65,7 +69,9 @@ def load_export_reference(report_path: Path) -> ExportReference:
         decision = None
     best = decision.best if decision is not None and decision.profiles else None
     report_dir = report_path.parent
-    return ExportReference(
+    search = ServedSearch.from_json(ss) if (ss := (doc.get("published") or {}).get("served_search")) else None
+    served = search.chosen_variant if search is not None and search.status == "searched" and search.predicted_throughput else None
+    reference = ExportReference(
         report_dir=report_dir,
         feeds=_find_sample_file(result.reference.feeds, report_dir),
         outputs=_find_sample_file(result.reference.outputs, report_dir),
@@ -77,7 +83,25 @@ def load_export_reference(report_path: Path) -> ExportReference:
         tolerances=tolerances_from_json(result.tolerances),
         input_names=signature.input_names,
         output_names=signature.output_names,
+        profile_feed=_optional_sample_file(result.reference.profile_feed, report_dir),
+        predicted_how=f"in-process at batch {best.batch_size}" if best else "",
     )
+    if search is not None and served is not None:
+        cost = f" + the server's {search.per_request_ms:.3f} ms per request" if search.per_request_ms is not None else ""
+        inproc = f"in-process {search.in_process_throughput:.1f}/s at the batch the server formed{cost}; " if search.in_process_throughput else ""
+        reference.predicted_throughput = search.predicted_throughput
+        reference.predicted_batch = round(served.server_batch) if served.server_batch else served.point.max_batch_size
+        reference.predicted_concurrency = search.concurrency
+        reference.predicted_how = (f"{inproc}measured by the served search at concurrency {search.concurrency}"
+                                   + (" (stand-in backend)" if search.stand_in else ""))
+    return reference
+
+
+def _optional_sample_file(recorded: str, report_dir: Path) -> Path | None:
+    try:
+        return _find_sample_file(recorded, report_dir)
+    except RepositoryError:
+        return None
 
 
 def _find_sample_file(recorded: str, report_dir: Path) -> Path:

@@ -54,6 +54,8 @@ class ValidationRecord:
     predicted_throughput: float | None = None
     predicted_batch: int | None = None
     predicted_by: str = ""
+    predicted_how: str = ""  # in-process at a batch, or the served search's measurement at its concurrency
+    predicted_concurrency: int | None = None  # the ratio compares this perf_analyzer row when it was measured
     throughput_ratio: float | None = None
     export_report: str | None = None
     output_dir: str = ""

@@ -14,7 +14,8 @@ from optimizer.errors import SettingsError, ValidationError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
-from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, window_for
+from optimizer.model.samples import load_feeds
+from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, served_names, window_for
 from optimizer.triton.validation.client import config_summary, execution_counts, load_remote, max_batch, request_ms, served_config, server_version
 from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
 from optimizer.triton.validation.record import STAND_IN_LABEL, ValidationRecord
@@ -31,7 +32,7 @@ def validate(
     *,
     url: str | None = None,
     protocol: str = "http",
-    concurrency: str = "1:8",
+    concurrency: str | None = None,
     report_dir: Path | None = None,
     perf_settings: PerfSettings | None = None,
     on_event: EventSink = ignore,
@@ -43,7 +44,8 @@ def validate(
         url: HOST:PORT of a running Triton speaking `protocol`; None starts a LocalTritonServer on `repository`.
         protocol: what perf_analyzer (and, with `url`, the answer check) uses; a local server is also
             checked over the other protocol.
-        concurrency: perf_analyzer's sweep, START:END[:STEP].
+        concurrency: perf_analyzer's sweep, START:END[:STEP]; None or "auto": 1:8, or four levels up to the
+            export's served-search concurrency when the export measured one (so the prediction is compared there).
         report_dir: where validation.json goes, and where the export's report.json is looked for first.
         on_event: progress ("validate" phase events: start, progress per check, done or failed).
         cache_dir: the run's cache root (--cache-dir); the local server's home is prepared under it (None: machine.cache_root()).
@@ -55,10 +57,13 @@ def validate(
     """
     if protocol not in ("http", "grpc"):
         raise SettingsError(f"--protocol {protocol!r} is not http or grpc.")
-    settings = perf_settings or PerfSettings(concurrency=ConcurrencyRange.parse(concurrency), protocol=protocol)
+    if concurrency not in (None, "auto"):
+        ConcurrencyRange.parse(concurrency)  # a bad range fails before any work
     target = resolve_target(repository, model)
     report_path = find_export_report(target, Path(report_dir) if report_dir else None)
     reference = load_export_reference(report_path) if report_path else None
+    sweep = default_sweep(reference) if concurrency in (None, "auto") else ConcurrencyRange.parse(concurrency)
+    settings = perf_settings or PerfSettings(concurrency=sweep, protocol=protocol)
     folder = output_folder(target, report_dir, report_path)
     t0 = time.monotonic()
     record = ValidationRecord(
@@ -71,6 +76,8 @@ def validate(
         predicted_throughput=reference.predicted_throughput if reference else None,
         predicted_batch=reference.predicted_batch if reference else None,
         predicted_by=reference.candidate if reference else "",
+        predicted_how=reference.predicted_how if reference else "",
+        predicted_concurrency=reference.predicted_concurrency if reference else None,
     )
     if reference is None:
         record.notes.append("no export report found for this model: answers are checked for shape and dtype only, "
@@ -139,7 +146,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     if record.oversize is not None and not record.oversize["refused"]:
         record.status, record.reason = "failed", record.oversize["note"]
         return
-    input_data = write_input_data(folder / PERF_INPUT_FILENAME, feeds, max_batch(served) > 0)
+    input_data = write_input_data(folder / PERF_INPUT_FILENAME, _request_mix(reference, served) or feeds, max_batch(served) > 0)
     on_event(Event("validate", "progress", target.name, f"answers match; perf_analyzer at concurrency {settings.concurrency}"))
     stats_client = clients.get(settings.protocol) or any_client
     before = execution_counts(stats_client, target.name)
@@ -163,8 +170,9 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     if before and after and after[1] > before[1]:
         record.server_batch = round((after[0] - before[0]) / (after[1] - before[1]), 3)
     best = perf.best
-    if best and record.predicted_throughput:
-        record.throughput_ratio = round(best.throughput / record.predicted_throughput, 3)
+    compared = next((r for r in perf.rows if r.concurrency == record.predicted_concurrency), best)
+    if compared and record.predicted_throughput:
+        record.throughput_ratio = round(compared.throughput / record.predicted_throughput, 3)
         if reference is not None and reference.predicted_busy is not None and reference.predicted_busy > BUSY_SHARE:
             record.notes.append(f"the predicted {record.predicted_throughput:.1f} infer/s was measured while other processes used "
                                 f"{reference.predicted_busy:.0%} of the CPU; the ratio mixes that contention with serving overhead.")
@@ -172,6 +180,23 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     label = f" ({STAND_IN_LABEL})" if record.stand_in else ""
     record.reason = (f"loaded, answers match over {', '.join(a.protocol for a in record.answers)}, "
                      f"best {best.throughput:.1f} infer/s at concurrency {best.concurrency}{label}" if best else "loaded and answered")
+
+
+def default_sweep(reference: ExportReference | None) -> ConcurrencyRange:
+    """1:8, or four even levels ending at the served search's concurrency (where its prediction was measured)."""
+    target = reference.predicted_concurrency if reference is not None else None
+    if not target:
+        return ConcurrencyRange(1, 8)
+    step = max(1, target // 4)
+    return ConcurrencyRange(target - step * ((target - 1) // step), target, step)
+
+
+def _request_mix(reference: ExportReference | None, served: dict[str, Any]) -> list[Any]:
+    """The rows in-process profiling and the served search timed, in the served names ([] without a report)."""
+    if reference is None or reference.profile_feed is None:
+        return []
+    rename = served_names(reference, served)
+    return [{rename.get(k, k): a for k, a in feed.items()} for feed in load_feeds(reference.profile_feed)]
 
 
 def _keep_logs(work: Path, folder: Path, record: ValidationRecord) -> None:
