@@ -61,7 +61,7 @@ class ExportSettings:
     cache_dir: str | None = _opt(None, "--cache-dir", "The one cache root: builds, measurements, TensorRT timing caches and the local tritonserver's home (default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
     serve_search: str = _opt("on", "--serve-search", "on: choose max batch, preferred sizes, queue delay and instances by measuring variants in the local tritonserver with perf_analyzer; off: publish the in-process rules.", choices=("on", "off"), group="Serving")
     concurrency: int | None = _opt(None, "--concurrency", "The load the served config is tuned for: concurrent requests (default: two peak batches in flight).", metavar="N", group="Serving")
-    serve_search_seconds: float = _opt(25.0, "--serve-search-seconds", "Time the served search may take, server start included; it stops with the best variant so far.", metavar="SECONDS", group="Serving")
+    serve_search_seconds: float | None = _opt(None, "--serve-search-seconds", "Time the served search may take, server start included; it stops with the best variant so far (default: 40% of the tuning time, at least 25 s).", metavar="SECONDS", group="Serving")
     validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
     validate_concurrency: str = _opt("auto", "--validate-concurrency", "perf_analyzer's concurrency sweep for --validate, START:END[:STEP]; auto: 1:8, or four levels up to the served search's concurrency.", metavar="RANGE", group="Validation")
 
@@ -86,7 +86,7 @@ class ExportSettings:
         """--concurrency and --serve-search-seconds as numbers the search can use."""
         if self.concurrency is not None and not 1 <= int(self.concurrency) <= 4096:
             raise SettingsError(f"--concurrency {self.concurrency} must be from 1 to 4096 concurrent requests.")
-        if not self.serve_search_seconds > 0:
+        if self.serve_search_seconds is not None and not self.serve_search_seconds > 0:
             raise SettingsError(f"--serve-search-seconds {self.serve_search_seconds:g} must be positive; use --serve-search off to skip the search.")
         if self.serve_search not in ("on", "off"):
             raise SettingsError(f"--serve-search {self.serve_search!r} is not on or off.")

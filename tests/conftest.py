@@ -14,8 +14,16 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CLI = [sys.executable, "-m", "optimizer.cli"]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `aitune-export ARGS` as a user would (a real process); returns the completed process."""
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
+            serve_search: bool = False) -> subprocess.CompletedProcess:
+    """Run `aitune-export ARGS` as a user would (a real process); returns the completed process.
+
+    An export skips the served search (adds --serve-search off) unless the test asks for it with `serve_search=True`
+    or names the flag itself: each search starts a server and measures for up to 25 s, and tests/test_served_search.py
+    and the quick-start test cover it.
+    """
+    if args and args[0] == "export" and not serve_search and not any(a.startswith("--serve-search") for a in args):
+        args = (*args, "--serve-search", "off")
     # each test gets its own artifact cache (beside its working directory), so no test reuses another's builds
     cache = str((cwd or ROOT / ".pytest_cache") / ".cache")
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=cache, **(env or {}))

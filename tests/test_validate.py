@@ -118,7 +118,6 @@ def test_wrong_dims_fail_with_tritons_message(ort_export, ts_export: Path, work:
     [
         (lambda c: c.replace('platform: "onnxruntime_onnx"', 'platform: "tensorrt_plan"'), "TensorRT and a GPU"),
         (lambda c: c.replace("kind: KIND_CPU", "kind: KIND_GPU"), "KIND_GPU and this machine has no GPU"),
-        (lambda c: c.replace('platform: "onnxruntime_onnx"', 'platform: "torch_aoti"'), "unknown to the core of the local tritonserver"),
         (lambda c: c.replace('platform: "onnxruntime_onnx"', 'backend: "tensorflow"'), "no 'tensorflow' backend"),
     ],
 )

@@ -32,6 +32,11 @@ from optimizer.triton.repository import Published, check_model_name, check_targe
 
 log = logging.getLogger(__name__)
 
+SERVE_SEARCH_SHARE = 0.4
+MIN_SERVE_SEARCH_S = 25.0
+"""Without --serve-search-seconds the search may take 40% of the tuning time, at least 25 s: the whole export
+stays within 1.5x of tuning alone (the bundled example: about 60 s of tuning, 25 s of served search)."""
+
 
 @dataclass
 class ExportOutcome:
@@ -143,8 +148,8 @@ def _serve_search(settings: ExportSettings, cache_root: Path, result: TuneResult
         return ServedSearch(status="off", reason="--serve-search off: the in-process rules stand")
     from optimizer.triton.served_search import SearchRequest, served_search
 
-    request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile,
-                            settings.serve_search_seconds, cache_root)
+    budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds)
+    request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile, budget, cache_root)
     return served_search(result, options, request, on_event)
 
 

@@ -23,7 +23,8 @@ from optimizer.machine import cpu_cores
 from optimizer.model.samples import load_feeds
 from optimizer.records.served_search import OperatingPoint, ServedSearch, ServedVariant
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton.model_config import config_signature, operating_point_of, parse
+from optimizer.triton.local_serving import local_config, needs_translation, translation_note
+from optimizer.triton.model_config import canonical, config_signature, operating_point_of, parse
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.publish import PublishOptions, model_files, prepare_config
 from optimizer.triton.served_search.points import SearchSpace, batch_steps, better, default_concurrency, delay_steps, layout_steps
@@ -93,7 +94,7 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
     text, extra, _ = prepare_config(result, options)
     _place(model_dir, result, text, extra)
     home = prepare_home(find_triton(), homes_root(request.cache_dir))
-    reason = local_servability(ModelTarget(repo, name, parse(text)), home)
+    reason = local_servability(ModelTarget(repo, name, parse(_locally(text))), home)
     if reason:
         search.reason = reason.replace("validate it", "serve it").split("; ")[0]
         return
@@ -103,6 +104,8 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
     search.stand_in = artifact.platform.backend in home.stand_ins()
     search.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{artifact.platform.backend}/model.py"
                         if search.stand_in else "native backend")
+    if needs_translation(parse(text)):
+        search.served_by += f"; {translation_note(parse(text))}"
     input_data, search.request_mix = _request_mix(result, request.workdir)
     space = SearchSpace.of(result.selected_candidate.decision, cpu_cores(), Device.of(artifact.device).is_cuda)
     deadline = time.monotonic() + request.budget_s
@@ -191,12 +194,18 @@ def _place(model_dir: Path, result: TuneResult, text: str, extra: dict[str, byte
     _write_config(model_dir, text, extra)
 
 
+def _locally(text: str) -> str:
+    """The config as the local 2.51 server can load it (torch_aoti through the pytorch stand-in; others unchanged)."""
+    config = parse(text)
+    return canonical(local_config(config)) if needs_translation(config) else text
+
+
 def _write_config(model_dir: Path, text: str, extra: dict[str, bytes]) -> None:
     for rel, data in extra.items():
         (model_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (model_dir / rel).write_bytes(data)
     tmp = model_dir / ".config.pbtxt.tmp"
-    tmp.write_text(text)
+    tmp.write_text(_locally(text))
     os.replace(tmp, model_dir / "config.pbtxt")
 
 

@@ -24,9 +24,12 @@ MAX_WINDOW_MS = 6000
 
 
 def served_names(reference: ExportReference, served: dict[str, Any]) -> dict[str, str]:
-    """Exported tensor name -> the name the served config uses (they differ on positional platforms such as torch_aoti)."""
+    """Exported tensor name -> the name the served config uses (they differ on positional platforms such as torch_aoti,
+    also when the local server serves one through a translated config that names only the backend)."""
     platform = PLATFORMS.get(served.get("platform") or served.get("backend") or "")
-    if platform is None or not platform.positional_io:
+    positional = [f"INPUT__{i}" for i in range(len(reference.input_names))]
+    by_name = [i.get("name") for i in served.get("input", [])] == positional != reference.input_names
+    if not by_name and (platform is None or not platform.positional_io):
         return {}
     return {**{n: f"INPUT__{i}" for i, n in enumerate(reference.input_names)},
             **{n: f"OUTPUT__{i}" for i, n in enumerate(reference.output_names)}}

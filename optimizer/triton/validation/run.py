@@ -12,9 +12,11 @@ from typing import Any
 
 from optimizer.errors import SettingsError, ValidationError
 from optimizer.events import Event, EventSink, ignore
+from optimizer.model.samples import load_feeds
+from optimizer.triton.local_serving import local_config, needs_translation, private_model, translation_note
+from optimizer.triton.model_config import canonical
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
-from optimizer.model.samples import load_feeds
 from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, served_names, window_for
 from optimizer.triton.validation.client import config_summary, execution_counts, load_remote, max_batch, request_ms, served_config, server_version
 from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
@@ -88,12 +90,13 @@ def validate(
         try:
             if url is None:
                 home = prepare_home(find_triton(), homes_root(cache_dir))
-                reason = local_servability(target, home)
+                served = _locally_servable(target, work, record)
+                reason = local_servability(served, home)
                 if reason:
                     record.status, record.reason = "not validated", reason
                 else:
-                    record.stand_in = target.backend in home.stand_ins()
-                    with LocalTritonServer(target.repository, log_path=work / "tritonserver.log", home=home) as server:
+                    record.stand_in = served.backend in home.stand_ins()
+                    with LocalTritonServer(served.repository, log_path=work / "tritonserver.log", home=home) as server:
                         record.server = f"local tritonserver {server_version(server)} at {server.http_url} (http) / {server.grpc_url} (grpc)"
                         clients = {"http": server.client("http"), "grpc": server.client("grpc")}
                         urls = {"http": server.http_url, "grpc": server.grpc_url}
@@ -180,6 +183,17 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     label = f" ({STAND_IN_LABEL})" if record.stand_in else ""
     record.reason = (f"loaded, answers match over {', '.join(a.protocol for a in record.answers)}, "
                      f"best {best.throughput:.1f} infer/s at concurrency {best.concurrency}{label}" if best else "loaded and answered")
+
+
+def _locally_servable(target: ModelTarget, work: Path, record: ValidationRecord) -> ModelTarget:
+    """The target itself, or (a platform the local core does not know) a private translated copy of it."""
+    if not needs_translation(target.config):
+        return target
+    config = local_config(target.config)
+    repository = work / "repository"
+    private_model(target.repository / target.name, repository, target.name, canonical(config))
+    record.notes.append(translation_note(target.config))
+    return ModelTarget(repository, target.name, config)
 
 
 def default_sweep(reference: ExportReference | None) -> ConcurrencyRange:

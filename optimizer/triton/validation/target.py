@@ -11,9 +11,6 @@ from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.triton.repository import outside_repository
 from optimizer.triton.server import ServerHome
 
-_UNKNOWN_TO_TRITON_2_51 = frozenset({"torch_aoti"})
-"""Platforms Triton 2.51's core rejects before any backend is asked (the local server is 2.51)."""
-
 
 @dataclass
 class ModelTarget:
@@ -78,8 +75,6 @@ def output_folder(target: ModelTarget, report_dir: Path | None, export_report: P
 def local_servability(target: ModelTarget, home: ServerHome) -> str:
     """Why the local CPU server cannot serve this model at all ("" when it can try)."""
     config = target.config
-    if target.platform in _UNKNOWN_TO_TRITON_2_51:
-        return f"platform {target.platform!r} is unknown to the core of the local tritonserver (2.51); validate it against a Triton release that serves it (--url HOST:PORT)."
     if target.backend == "tensorrt":
         return "a TensorRT plan needs TensorRT and a GPU, which the local server has neither of; validate it on a GPU machine with --url HOST:PORT."
     kinds = {g.kind for g in config.instance_group}

@@ -3,7 +3,8 @@
 The real C++ backend is not installable outside NVIDIA's container. Triton runs this file for every
 model whose config resolves to backend "pytorch" (platform "pytorch_libtorch") when backends/pytorch/
 holds model.py and no libtriton_pytorch.so, so the UNCHANGED native config is served. Like the
-native backend it loads the TorchScript model.pt, feeds inputs by forward() argument name or by the
+native backend it loads the TorchScript model.pt (or, for a torch_aoti model served locally through
+triton/local_serving.py, the AOTInductor model.pt2), feeds inputs by forward() argument name or by the
 `<name>__<index>` convention (else in config order), maps outputs `<name>__<index>` to the returned
 tuple, runs one dynamic batch as one call and honours INFERENCE_MODE, DISABLE_OPTIMIZED_EXECUTION and
 the thread-count parameters. Numerics come from pip torch, not from libtorch in Triton: results
@@ -20,6 +21,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 MODEL_FILENAME = "model.pt"  # the python backend reports default_model_filename as model.py: never read it
+AOTI_FILENAME = "model.pt2"
 _INDEXED = re.compile(r"^.+__(\d+)$")
 
 
@@ -29,10 +31,12 @@ def _parameter(cfg, key, default=None):
 
 
 def _model_path(args, cfg):
+    version_dir = os.path.join(args["model_repository"], args["model_version"])
     name = cfg.get("default_model_filename") or MODEL_FILENAME
-    if name.endswith(".py"):
-        name = MODEL_FILENAME
-    return os.path.join(args["model_repository"], args["model_version"], name)
+    if name.endswith(".py"):  # not ours: the native default, else the AOTInductor package when only that is there
+        name = MODEL_FILENAME if os.path.exists(os.path.join(version_dir, MODEL_FILENAME)) else AOTI_FILENAME
+        name = name if os.path.exists(os.path.join(version_dir, name)) else MODEL_FILENAME
+    return os.path.join(version_dir, name)
 
 
 def _positions(names, argument_names):
@@ -63,11 +67,17 @@ class TritonPythonModel:
             torch._C._set_graph_executor_optimize(False)
         self.inference_mode = _parameter(cfg, "INFERENCE_MODE", "true").lower() == "true"
         path = _model_path(args, cfg)
-        self.model = torch.jit.load(path, map_location="cpu").eval()
-        try:
-            arguments = [a.name for a in self.model.forward.schema.arguments][1:]  # drop self
-        except (AttributeError, RuntimeError):
+        if path.endswith(".pt2"):  # an AOTInductor package (platform torch_aoti): tensors go by position, INPUT__<i>
+            from torch._inductor import aoti_load_package
+
+            self.model = aoti_load_package(path)
             arguments = []
+        else:
+            self.model = torch.jit.load(path, map_location="cpu").eval()
+            try:
+                arguments = [a.name for a in self.model.forward.schema.arguments][1:]  # drop self
+            except (AttributeError, RuntimeError):
+                arguments = []
         self.batching = cfg.get("max_batch_size", 0) > 0
         self.inputs = [i["name"] for i in cfg["input"]]
         self.input_positions = _positions(self.inputs, arguments)
