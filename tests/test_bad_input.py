@@ -52,6 +52,9 @@ CASES = [
     (["--repository", "/proc/aitune-repo"], 2, "choose a writable --repository"),
     (["--version", "0"], 2, "must be >= 1"),
     (["--max-batch-size", "0"], 2, "--max-batch-size 0 must be from 1 to"),
+    (["--max-batch-size", "100000000000000"], 2, "must be from 1 to 2147483647 (Triton's int32)"),
+    (["--name", ""], 2, "model name '' is not one path component"),
+    (["--concurrency", "0"], 2, "--concurrency 0 must be from 1"),
     (["--device", "tpu"], 2, "is not cpu or cuda"),
     (["--workflow", "jit"], 2, "--workflow jit measures only the batch sizes recorded in --samples"),
     (["--strategy", "one-backend", "--backend", "onnxruntime", "--backend", "torchscript"], 2, "exactly one --backend"),
@@ -63,7 +66,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("args, code, fragment", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def _no_gpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available() and not Path("/dev/nvidiactl").exists()
+
+
+if _no_gpu():  # where there is a GPU, --device cuda is a real run
+    CASES.append((["--device", "cuda"], 2, "--device cuda: torch reports no CUDA device"))
+
+
+@pytest.mark.parametrize("args, code, fragment", CASES, ids=[" ".join(c[0])[:60] or "empty" for c in CASES])
 def test_bad_input(args, code, fragment, workspace: Path):
     before = tree_snapshot(workspace)
     r = run_cli("export", *args, cwd=workspace)

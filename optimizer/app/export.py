@@ -65,7 +65,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     # 2. load
     on_event(Event("load", "start", message=settings.model or "bundled example"))
     model = _load(settings, module, example_inputs)
-    name = settings.name or model.name
+    name = settings.name if settings.name is not None else model.name
     check_model_name(name)
     check_target_free(Path(settings.repository), name, settings.version, settings.overwrite)
     report_dir = report_dir_for(settings, name)

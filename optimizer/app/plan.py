@@ -62,6 +62,19 @@ def build_strategy(settings: ExportSettings) -> TuneStrategy:
     return cls(backends=settings.backend or None, latency_budget_ms=settings.latency_budget_ms, **common)
 
 
+def _check_gpu(device: Device) -> None:
+    """--device cuda on a machine with no GPU at all fails now, not after every candidate was tried."""
+    from optimizer.backend.cuda import torch_cuda_availability
+
+    seen = torch_cuda_availability(str(device))
+    if seen.ok:
+        return
+    driver = Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia/gpus").is_dir()
+    if not driver or "does not exist" in seen.reason:
+        where = "" if "does not exist" in seen.reason else " and no NVIDIA driver is loaded"
+        raise SettingsError(f"--device {device}: {seen.reason.rstrip('.')}{where}; use --device cpu, or run on a machine with that GPU.")
+
+
 def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
     """Check every setting once and return the plan; `publishing=False` (inspect) skips the publish-side checks."""
     plan = RunPlan(
@@ -82,7 +95,9 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         raise SettingsError("--workflow jit measures only the batch sizes recorded in --samples; add --samples FILE.npz.")
     if not publishing:
         return plan
-    if settings.name:
+    if plan.device.is_cuda:
+        _check_gpu(plan.device)
+    if settings.name is not None:
         check_model_name(settings.name)
     check_options(PublishOptions(Path(settings.repository), settings.name or "model"))
     if settings.template_dir and not Path(settings.template_dir).is_dir():
