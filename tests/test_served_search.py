@@ -12,7 +12,16 @@ from optimizer.records.served_search import OperatingPoint, ServedSearch, Served
 from optimizer.triton.model_config import parse
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search import SearchRequest, served_search
-from optimizer.triton.served_search.points import SearchSpace, batch_steps, better, default_concurrency, delay_steps, layout_steps, layouts
+from optimizer.triton.served_search.points import (
+    SearchSpace,
+    batch_steps,
+    better,
+    default_concurrency,
+    delay_steps,
+    layout_steps,
+    layouts,
+    reachable,
+)
 from optimizer.triton.served_search.search import _climb
 from tests.conftest import run_cli
 from tests.triton_records import make_result
@@ -46,6 +55,14 @@ def test_a_max_the_user_fixed_never_moves():
     up, down = batch_steps(OperatingPoint(32, (8,), 200, 1, 2), SearchSpace(32, True, 2, False))
     assert {p.max_batch_size for p in up + down} == {32}
     assert [p.preferred for p in up] == [(16,), (32,)] and [p.preferred for p in down] == [(4,), (2,)]
+
+
+def test_preferred_sizes_stay_within_what_the_target_load_can_form():
+    assert reachable(OperatingPoint(64, (64,), 0, 1, 2), 16).preferred == (16,)
+    assert reachable(OperatingPoint(64, (64,), 0, 1, 2), 12).preferred == (8,)
+    assert reachable(START, 16) == START
+    up, _ = batch_steps(START, SearchSpace(64, False, 2, False, concurrency=16))
+    assert max(max(p.preferred) for p in up) == 16
 
 
 def test_queue_delay_steps_are_none_and_a_larger_one():

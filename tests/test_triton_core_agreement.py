@@ -24,8 +24,7 @@ import pytest
 
 from optimizer.triton.config_rules import CORE, violations
 from optimizer.triton.model_config import canonical
-from optimizer.triton.publish import publish
-from optimizer.triton.publish import PublishOptions
+from optimizer.triton.publish import PublishOptions, publish
 from tests.test_triton_config import CASES, PLATFORMS, config_of, golden_result
 
 pytestmark = pytest.mark.slow

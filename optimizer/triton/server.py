@@ -236,6 +236,7 @@ class LocalTritonServer:
         self.http_port = self.grpc_port = 0
         self._proc: subprocess.Popen | None = None
         self._clients: list[Any] = []
+        self._loader: Any = None
         self.home: ServerHome | None = None
 
     # -- addresses and clients --------------------------------------------------------------------
@@ -336,7 +337,9 @@ class LocalTritonServer:
         """Load one model and wait until it is ready; a failure raises ValidationError with Triton's own text."""
         from tritonclient.utils import InferenceServerException
 
-        client = self.client("http")
+        if self._loader is None:  # one client for every load: a search reloads the model once per variant
+            self._loader = self.client("http")
+        client = self._loader
         t0 = time.monotonic()
         try:
             client.load_model(name)
@@ -356,6 +359,7 @@ class LocalTritonServer:
             except Exception as err:  # a broken connection must not keep the server alive
                 log.debug("closing a client: %s", err)
         self._clients.clear()
+        self._loader = None
         code = None
         if self._proc is not None:
             code = self._terminate()

@@ -31,12 +31,21 @@ class SearchSpace:
     fixed_max: bool  # the user asked for this max batch (--max-batch-size N, or the JIT workflow's recorded sizes)
     cores: int
     gpu: bool
+    concurrency: int = 0  # the target load: batch-1 requests can never form a preferred batch above it (0: no bound)
 
     @classmethod
-    def of(cls, decision: MaxBatchDecision | None, cores: int, gpu: bool) -> SearchSpace:
+    def of(cls, decision: MaxBatchDecision | None, cores: int, gpu: bool, concurrency: int = 0) -> SearchSpace:
         fixed = decision is not None and decision.decided_by in ("user_cap", "recorded")
         largest = (decision.largest_fit or decision.max_batch_size) if decision is not None else 0
-        return cls(largest, fixed, max(1, cores), gpu)
+        return cls(largest, fixed, max(1, cores), gpu, concurrency)
+
+
+def reachable(point: OperatingPoint, concurrency: int) -> OperatingPoint:
+    """The point with preferred sizes the target load can form (at most `concurrency` requests wait at once)."""
+    if not concurrency or not point.preferred or max(point.preferred) <= concurrency:
+        return point
+    size = 1 << (concurrency.bit_length() - 1)  # the largest power of two within the load
+    return replace(point, preferred=(size,) if size > 1 else ())
 
 
 def default_concurrency(start: OperatingPoint) -> int:
@@ -78,7 +87,7 @@ def batch_steps(current: OperatingPoint, space: SearchSpace) -> tuple[list[Opera
     if not space.fixed_max and ceiling > current.max_batch_size:
         up.append(replace(current, max_batch_size=ceiling))
     b = peak * 2
-    while b <= ceiling:
+    while b <= ceiling and (not space.concurrency or b <= space.concurrency):
         up.append(replace(current, max_batch_size=current.max_batch_size if space.fixed_max else b, preferred=(b,)))
         b *= 2
     down: list[OperatingPoint] = []

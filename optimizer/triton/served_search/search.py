@@ -27,7 +27,7 @@ from optimizer.triton.local_serving import local_config, needs_translation, tran
 from optimizer.triton.model_config import canonical, config_signature, operating_point_of, parse
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer, write_input_data
 from optimizer.triton.publish import PublishOptions, model_files, prepare_config
-from optimizer.triton.served_search.points import SearchSpace, batch_steps, better, default_concurrency, delay_steps, layout_steps
+from optimizer.triton.served_search.points import SearchSpace, batch_steps, better, default_concurrency, delay_steps, layout_steps, reachable
 from optimizer.triton.server import LocalTritonServer, ToolMissing, find_triton, homes_root, prepare_home
 from optimizer.vocab import Device
 
@@ -106,8 +106,9 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
                         if search.stand_in else "native backend")
     if needs_translation(parse(text)):
         search.served_by += f"; {translation_note(parse(text))}"
-    input_data, search.request_mix = _request_mix(result, request.workdir)
-    space = SearchSpace.of(result.selected_candidate.decision, cpu_cores(), Device.of(artifact.device).is_cuda)
+    input_data, search.request_mix = request_mix(result, request.workdir)
+    space = SearchSpace.of(result.selected_candidate.decision, cpu_cores(), Device.of(artifact.device).is_cuda, search.concurrency or 0)
+    search.start = reachable(search.start, space.concurrency)  # a preferred size the load cannot form only waits
     deadline = time.monotonic() + request.budget_s
     with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home) as server:
         search.server = f"local tritonserver at {server.http_url}"
@@ -169,7 +170,7 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
 
     try:
         walk(lambda p: layout_steps(p, space), "instances")
-        up, down = batch_steps(best.point, space)
+        up, _ = batch_steps(best.point, space)
         each(up[:1] if up and up[0].preferred == best.point.preferred else [], "batch")  # capacity: max = largest fit
         if not walk(lambda p: [q for q in batch_steps(p, space)[0] if q.preferred != p.preferred], "batch"):
             walk(lambda p: batch_steps(p, space)[1], "batch")
@@ -209,7 +210,7 @@ def _write_config(model_dir: Path, text: str, extra: dict[str, bytes]) -> None:
     os.replace(tmp, model_dir / "config.pbtxt")
 
 
-def _request_mix(result: TuneResult, workdir: Path) -> tuple[Path, str]:
+def request_mix(result: TuneResult, workdir: Path) -> tuple[Path, str]:
     """perf_analyzer's input: the rows in-process profiling timed (the user's first sample, else the generated
     feed with every dynamic axis at its maximum), in the config's tensor names."""
     feeds = load_feeds(Path(result.reference.profile_feed))
