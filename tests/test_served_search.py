@@ -122,6 +122,20 @@ def test_the_walk_finds_the_best_neighbour_and_stops_at_the_first_step_that_does
     assert OperatingPoint(32, (32,), 200, 2, 1) not in measured  # batch 16 served less: larger ones were not tried
 
 
+def test_a_small_win_made_by_drift_is_not_confirmed():
+    """The machine speeds up during the search: every later measurement is 6% higher, whatever the config."""
+    calls: list[tuple[OperatingPoint, str]] = []
+
+    def measure(point: OperatingPoint, stage: str) -> ServedVariant:
+        calls.append((point, stage))
+        return variant(point, 400.0 * (1.06 if len(calls) > 1 else 1.0))
+
+    start = measure(START, "start")
+    best, _ = _climb(start, SearchSpace(8, False, 2, False), measure, time.monotonic() + 60, SearchRequest(Path(".")))
+    assert best.point == START  # the 6% "gain" of 2 instances vanished when the start was measured again
+    assert calls[1][1] == "instances" and calls[2] == (START, "confirm")
+
+
 def test_the_time_budget_ends_the_search_with_the_best_so_far():
     calls = []
 

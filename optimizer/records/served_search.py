@@ -56,7 +56,7 @@ class ServedVariant:
     """One config variant measured by perf_analyzer in the local server, at the search's concurrency."""
 
     point: OperatingPoint
-    stage: str  # "start", "instances", "batch" or "queue delay": which dimension it varied
+    stage: str  # "start", "instances", "batch", "queue delay", or "confirm" (the best measured again after a small win)
     status: str = "measured"  # measured, over budget, failed
     reason: str = ""
     throughput: float | None = None  # inferences (samples) per second
@@ -106,7 +106,8 @@ class ServedSearch:
 
     @property
     def chosen_variant(self) -> ServedVariant | None:
-        return next((v for v in self.variants if v.point == self.chosen and v.status == "measured"), None)
+        """The published point's latest measurement (a confirmation may have measured it again)."""
+        return next((v for v in reversed(self.variants) if v.point == self.chosen and v.status == "measured"), None)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 STAND_IN_LABEL = "stand-in backend"
 MIN_WINDOW_MS = 1000
 MAX_WINDOW_MS = 4000
+CONFIRM_BELOW = 1.10
+"""A variant that beats the best by less than 10% wins only if it still does after the best is measured again."""
 WINDOW_REQUESTS = 40
 """perf_analyzer windows hold about this many requests of the start variant (at least 1 s, at most 4 s)."""
 
@@ -143,17 +145,28 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
     seen: dict[OperatingPoint, ServedVariant] = {best.point: best}
     costs = [best.seconds]
 
-    def attempt(point: OperatingPoint, stage: str) -> bool:
-        nonlocal best
+    def timed(point: OperatingPoint, stage: str) -> ServedVariant:
         if time.monotonic() + sum(costs) / len(costs) > deadline:
             raise _OutOfTime()
-        v = seen[point] = measure(point, stage)
+        v = measure(point, stage)
         costs.append(v.seconds)
+        return v
+
+    def attempt(point: OperatingPoint, stage: str) -> bool:
+        nonlocal best
+        v = seen[point] = timed(point, stage)
         top = max((x.throughput or 0.0) for x in seen.values())
-        if better(v, best, request.latency_budget_ms, request.percentile, top):
-            best = v
-            return True
-        return False
+        if not better(v, best, request.latency_budget_ms, request.percentile, top):
+            return False
+        if best.throughput and v.throughput and v.throughput < best.throughput * CONFIRM_BELOW:
+            # a small win is checked against the incumbent measured again right after it (A B A): drift
+            # between the two measurements of A cancels, and a win the noise made does not survive
+            again = timed(best.point, "confirm")
+            if again.status == "measured" and not better(v, _mean(best, again), request.latency_budget_ms, request.percentile, top):
+                v.reason = f"not confirmed: the incumbent measured {again.throughput:.1f}/s again right after it"
+                return False
+        best = v
+        return True
 
     def walk(steps_of: Callable[[OperatingPoint], list[OperatingPoint]], stage: str) -> bool:
         improved = False
@@ -178,6 +191,15 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
     except _OutOfTime:
         return best, f"the time budget ({request.budget_s:g} s, --serve-search-seconds) ran out"
     return best, "no neighbour of the best variant served more"
+
+
+def _mean(a: ServedVariant, b: ServedVariant) -> ServedVariant:
+    """One point measured twice, as one variant: the mean of both measurements."""
+    def avg(x: float | None, y: float | None) -> float | None:
+        return (x + y) / 2 if x is not None and y is not None else x
+
+    return replace(a, throughput=avg(a.throughput, b.throughput), p50_ms=avg(a.p50_ms, b.p50_ms), p95_ms=avg(a.p95_ms, b.p95_ms),
+                   p99_ms=avg(a.p99_ms, b.p99_ms))
 
 
 class _OutOfTime(Exception):
