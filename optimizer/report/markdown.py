@@ -210,6 +210,10 @@ def _max_batch(result: TuneResult) -> str:
     if d.decided_by == "latency_budget" and d.first_failure:
         lines.append(f"- Batch {d.first_failure} exceeded the p{result.percentile} latency budget of {result.latency_budget_ms:g} ms.")
     lines.append(f"- {_cell(d.explanation)}.")
+    retaken = sum(p.retakes for c in result.candidates if c.decision for p in c.decision.profiles)
+    if retaken:
+        lines.append(f"- {retaken} measurement(s) across the candidates were taken again because other processes used most of the CPU "
+                     "(at most 2 per batch size; the least disturbed one is kept).")
     lines += ["", f"Measurements of {cand.name}:", ""]
     header = ("batch", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "stable", "cv", "others' CPU", "peak RSS MiB")
     rows = []

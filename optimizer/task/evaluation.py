@@ -28,7 +28,7 @@ from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
 from optimizer.task.correctness import compare_outputs
 from optimizer.task.device_memory import is_allocation_failure, release_device_memory
 from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size
-from optimizer.task.profiling import ProfileSettings, measure
+from optimizer.task.profiling import ProfileSettings, measure_settled
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             try:
                 feed = tile_feed(base, batch) if signature.batching else base
                 runner.infer(feed)  # checked once, outside the timed windows
-                prof = measure(lambda: runner.run_unchecked(feed), batch if signature.batching else 1, settings)
+                prof = measure_settled(lambda: runner.run_unchecked(feed), batch if signature.batching else 1, settings)
             except Exception as err:
                 if is_allocation_failure(err):
                     log.info("%s | batch %d does not fit: %s", cand.name, batch, first_line(err))

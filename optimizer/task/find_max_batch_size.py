@@ -53,12 +53,13 @@ def peak_of(profiles: list[BatchProfile]) -> int:
 
 
 def _saturated(profiles: list[BatchProfile], gain: float, steps: int) -> bool:
-    """True when each of the last `steps` sizes gained less than `gain` over the best before it."""
+    """True when each of the last `steps` sizes gained less than `gain`, or less than its own measured spread,
+    over the best before it: a step counts as growth only beyond the noise it was measured with."""
     if len(profiles) <= steps:
         return False
     for i in range(len(profiles) - steps, len(profiles)):
         best_before = max(p.throughput for p in profiles[:i])
-        if profiles[i].throughput >= best_before * (1.0 + gain):
+        if profiles[i].throughput >= best_before * (1.0 + max(gain, noise_of(profiles[i]))):
             return False
     return True
 
