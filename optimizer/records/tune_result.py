@@ -36,6 +36,7 @@ class TuneResult:
     percentile: int = 95
     interrupted: bool = False
     tolerances: dict[str, list[float]] = field(default_factory=dict)  # the selected candidate's overrides: output (or "") -> [atol, rtol]
+    comparison: dict[str, Any] | None = None  # task/paired.PairedComparison: a close call re-measured in pairs
 
     @property
     def selected_candidate(self) -> Candidate:

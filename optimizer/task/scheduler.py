@@ -8,6 +8,8 @@ before each step. Ctrl-C stops every child and keeps what finished.
 
 from __future__ import annotations
 
+import logging
+
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +27,7 @@ from optimizer.task.context import TuneContext
 from optimizer.task.correctness import precision_tolerances
 from optimizer.task.evaluation import BuildJob, MeasureJob
 from optimizer.task.find_max_batch_size import knee_of
+from optimizer.task.paired import PairedComparison, decide
 from optimizer.task.isolation import ChildOutcome, run_isolated, stop_all_children
 from optimizer.task.screening import screen
 from optimizer.vocab import Device
@@ -32,6 +35,8 @@ from optimizer.vocab import Device
 BUILD_WORKERS_MAX = 2
 """Builds running at once: compilers are mostly serial, so two keep two cores busy."""
 
+
+log = logging.getLogger(__name__)
 
 @dataclass
 class ScheduleOutcome:
@@ -197,6 +202,31 @@ class CandidateScheduler:
         self._step_done("profile", cand.name, result.reason or _summary(result), failed=not result.passed)
         self._finish(result)
         return result
+
+    # -- settle a close call ----------------------------------------------------------------------
+    def compare(self, contenders: list[Candidate]) -> PairedComparison | None:
+        """The leader (first) and its close challengers timed alternately in one fresh process (task/paired.py);
+        None when that process fails (the separate measurements then stand)."""
+        ctx = self.ctx
+        batches = {c.name: (c.decision.peak or c.decision.best_batch) if c.decision else 1 for c in contenders}
+        payload = {
+            "candidates": [c.to_json() for c in contenders],
+            "batches": batches,
+            "signature": ctx.signature.to_json(),
+            "profile_feed": ctx.reference.profile_feed,
+            "source": ctx.model.source.to_json(),
+            "state_dict": ctx.state_dict,
+            "backend_settings": {c.name: self._backend_of[c.name].settings for c in contenders if c.name in self._backend_of},
+        }
+        names = ", ".join(c.name for c in contenders)
+        self._event("select", "progress", contenders[0].name, f"paired re-measurement of {names}")
+        workdir = self._workdir("paired")
+        outcome = run_isolated("optimizer.task.paired:compare_candidates", payload, workdir, ctx.profile_timeout_s, "compare")
+        if not outcome.ok:
+            log.warning("the paired re-measurement of %s failed (%s); the separate measurements decide", names, outcome.reason)
+            return None
+        comparison = PairedComparison(contenders[0].name, batches, outcome.value["rounds"], seconds=round(outcome.seconds, 2))
+        return decide(comparison, {c.name: c.backend for c in contenders})
 
     def _outcome(self, outcome: ChildOutcome, watcher: _ProgressWatcher, backend: Backend, step: str, flag: str,
                  before: Candidate | None = None) -> Candidate:

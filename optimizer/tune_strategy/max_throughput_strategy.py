@@ -11,6 +11,7 @@ class MaxThroughputStrategy(DefaultBackendsMixin, MultiBackendStrategy):
     """Ranks by throughput at the candidate's best measured batch (within the latency budget, if any)."""
 
     name = "max-throughput"
+    settles_close_calls = True  # its metric is the throughput task/paired.py re-measures
 
     def _metric(self, cand: Candidate) -> float | None:
         return cand.best_throughput if cand.decision and cand.decision.profiles else None

@@ -21,6 +21,7 @@ from optimizer.records.correctness import tolerances_to_json
 from optimizer.records.tune_result import TuneResult
 from optimizer.task.context import TuneContext
 from optimizer.task.correctness import precision_tolerances
+from optimizer.task.paired import PairedComparison, close_contenders
 from optimizer.task.scheduler import CandidateScheduler
 from optimizer.tune_strategy.mixin.find_max_batch_size_mixin import FindMaxBatchSizeMixin
 from optimizer.vocab import EAGER_GATES, WORKFLOWS, Device
@@ -31,6 +32,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
 
     name: ClassVar[str] = "base"
     higher_is_better: ClassVar[bool] = True  # the ranking metric: throughput (True) or latency (False)
+    settles_close_calls: ClassVar[bool] = False  # re-measure the leader and close challengers in pairs before choosing
 
     def __init__(
         self,
@@ -109,10 +111,13 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         order = {b.name: i for i, b in enumerate(backends)}
         candidates = sorted(run.candidates, key=lambda c: order.get(c.backend, len(order)))
         warnings: list[str] = []
+        settled = None
         if run.interrupted:
             selected, reason = None, "the run was interrupted before a candidate could be selected"
         else:
-            selected, reason = self._select([c for c in candidates if c.passed], run.eager, warnings)
+            passed = [c for c in candidates if c.passed]
+            settled = self._settle(scheduler, passed)
+            selected, reason = self._select(passed, run.eager, warnings, settled)
             ctx.on_event(Event("select", "done" if selected else "failed", selected.name if selected else "", reason))
         libraries: dict[str, str] = {}
         for c in [*candidates, *([run.eager] if run.eager else [])]:
@@ -138,6 +143,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             percentile=self.percentile,
             interrupted=run.interrupted,
             tolerances=self._tolerances_of(selected, ctx),
+            comparison=settled.to_json() if not run.interrupted and settled is not None else None,
         )
 
     @staticmethod
@@ -159,7 +165,25 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             return True
         return mine > theirs if self.higher_is_better else mine < theirs
 
-    def _select(self, passed: list[Candidate], eager: Candidate | None, warnings: list[str]) -> tuple[Candidate | None, str]:
+    def _settle(self, scheduler: CandidateScheduler, passed: list[Candidate]) -> PairedComparison | None:
+        """A close call on throughput re-measured in pairs (task/paired.py); None when nothing is close."""
+        if not self.settles_close_calls or len(passed) < 2:
+            return None
+        leader, _ = self._rank(passed, None)
+        contenders = close_contenders(passed, leader) if leader is not None else []
+        return scheduler.compare(contenders) if len(contenders) > 1 else None
+
+    def _select(self, passed: list[Candidate], eager: Candidate | None, warnings: list[str],
+                settled: PairedComparison | None = None) -> tuple[Candidate | None, str]:
+        best, why = self._select_ranked(passed, eager, warnings)
+        if best is None or settled is None or best.name != settled.leader:
+            return best, why
+        winner = next((c for c in passed if c.name == settled.winner), best)
+        if winner is best:
+            return best, f"{why}; {settled.summary}"
+        return winner, f"{settled.summary} (the separate measurements said: {why})"
+
+    def _select_ranked(self, passed: list[Candidate], eager: Candidate | None, warnings: list[str]) -> tuple[Candidate | None, str]:
         if not passed:
             return None, "no candidate passed"
         if self.eager_gate == "enabled" and eager is not None and eager.passed:

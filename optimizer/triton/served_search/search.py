@@ -146,7 +146,7 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
     costs = [best.seconds]
 
     def timed(point: OperatingPoint, stage: str) -> ServedVariant:
-        if time.monotonic() + sum(costs) / len(costs) > deadline:
+        if time.monotonic() + max(costs) > deadline:  # the slowest variant so far: the budget is a bound, not a target
             raise _OutOfTime()
         v = measure(point, stage)
         costs.append(v.seconds)
@@ -189,7 +189,7 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
             walk(lambda p: batch_steps(p, space)[1], "batch")
         each(delay_steps(best.point), "queue delay")
     except _OutOfTime:
-        return best, f"the time budget ({request.budget_s:g} s, --serve-search-seconds) ran out"
+        return best, f"the time budget ({request.budget_s:.0f} s, --serve-search-seconds) ran out"
     return best, "no neighbour of the best variant served more"
 
 
