@@ -167,7 +167,7 @@ def measure(server: LocalTritonServer, name: str, model_dir: Path, config: Any, 
     try:
         config_rules.check(config, facts)
         write_config(model_dir, canonical(local_config(config) if needs_translation(config) else config))  # torch_aoti: the stand-in
-        server.load(name)
+        server.reload(name)  # unload first: the python backend aborts when old and new stubs overlap
         settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=1000,
                                 stability_percentage=25, max_trials=6, timeout_s=120)
         row = run_perf_analyzer(name, server.http_url, data, work, settings).best

@@ -337,19 +337,53 @@ class LocalTritonServer:
         """Load one model and wait until it is ready; a failure raises ValidationError with Triton's own text."""
         from tritonclient.utils import InferenceServerException
 
-        if self._loader is None:  # one client for every load: a search reloads the model once per variant
-            self._loader = self.client("http")
-        client = self._loader
+        client = self._load_client()
         t0 = time.monotonic()
         try:
             client.load_model(name)
         except InferenceServerException as err:
+            self._check_alive()
             raise ValidationError(f"Triton could not load model {name!r}: {triton_message(err)}") from err
         while not client.is_model_ready(name):
+            self._check_alive()
             if time.monotonic() - t0 > self.load_timeout_s:
                 raise ValidationError(f"model {name!r} was not ready {self.load_timeout_s:.0f} s after loading; log: {self.log_path}")
             time.sleep(0.1)
         log.info("loaded %s in %.1f s", name, time.monotonic() - t0)
+
+    def reload(self, name: str) -> None:
+        """Unload the model completely, then load it again (its config may have changed).
+
+        Triton's own reload keeps the old instances until the new ones are ready; with the python backend,
+        old and new stubs of one model then run side by side under the same instance names, and 2.51 was
+        seen to abort (boost lock_exception) right after such an overlap. Unloading first avoids it.
+        """
+        client = self._load_client()
+        t0 = time.monotonic()
+        if client.is_model_ready(name):
+            client.unload_model(name)
+            while any(m.get("name") == name and m.get("state") in ("READY", "UNLOADING") for m in client.get_model_repository_index()):
+                self._check_alive()
+                if time.monotonic() - t0 > self.load_timeout_s:
+                    raise ValidationError(f"model {name!r} was still unloading {self.load_timeout_s:.0f} s later; log: {self.log_path}")
+                time.sleep(0.1)
+        self.load(name)
+
+    def _load_client(self) -> Any:
+        if self._loader is None:  # one client for every load: a search reloads the model once per variant
+            self._loader = self.client("http")
+        return self._loader
+
+    @property
+    def alive(self) -> bool:
+        """Whether the server process still runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def _check_alive(self) -> None:
+        """A server that died (a backend aborted it) is an error naming its log, not a wait until a timeout."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise ValidationError(f"tritonserver exited with status {self._proc.returncode} "
+                                  f"({error_lines(self.log_text()) or 'see its log'}); log: {self.log_path}")
 
     def stop(self) -> int | None:
         """Close clients, SIGTERM, wait, SIGKILL the process group as a fallback, remove our shm regions. Idempotent."""

@@ -120,6 +120,8 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
             variant = _measure(server, result, options, point, stage, model_dir, input_data, search.concurrency or 1,
                                window[0], request.workdir)
             search.variants.append(variant)
+            if not server.alive:  # a backend aborted the server: what was measured before stands
+                raise _ServerGone(f"the local tritonserver exited: {variant.reason}")
             mark = f"{variant.throughput:.1f}/s p95 {variant.p95_ms:.1f} ms" if variant.throughput is not None else f"{variant.status}: {variant.reason}"
             on_event(Event("serve", "progress", result.selected or "", f"{stage}: {point.label}: {mark}"))
             return variant
@@ -190,6 +192,8 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
         each(delay_steps(best.point), "queue delay")
     except _OutOfTime:
         return best, f"the time budget ({request.budget_s:.0f} s, --serve-search-seconds) ran out"
+    except _ServerGone as err:
+        return best, f"{err}; the best variant measured before stands"
     return best, "no neighbour of the best variant served more"
 
 
@@ -204,6 +208,10 @@ def _mean(a: ServedVariant, b: ServedVariant) -> ServedVariant:
 
 class _OutOfTime(Exception):
     """The next variant would not finish within --serve-search-seconds."""
+
+
+class _ServerGone(ValidationError):
+    """The local server died while a variant was measured."""
 
 
 def _place(model_dir: Path, result: TuneResult, text: str, extra: dict[str, bytes]) -> None:
@@ -256,7 +264,7 @@ def _measure(server: LocalTritonServer, result: TuneResult, options: PublishOpti
     try:
         text, extra, _ = prepare_config(result, replace(options, operating_point=point))
         _write_config(model_dir, text, extra)
-        server.load(options.name)
+        server.reload(options.name)
         settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=window_ms,
                                 stability_percentage=25, max_trials=6, timeout_s=120.0)
         perf = run_perf_analyzer(options.name, server.http_url, input_data, workdir / "perf_analyzer", settings)
