@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from optimizer.task.paired import PairedComparison, close_contenders, decide, ratio_interval
 from tests.triton_records import decision, profile
 
@@ -39,3 +43,32 @@ def test_only_candidates_within_the_margin_are_re_measured():
 
     lead, near, far = cand("a", 100.0), cand("b", 80.0), cand("c", 60.0)
     assert [c.name for c in close_contenders([far, near, lead], lead)] == ["a", "b"]
+
+
+@pytest.mark.slow
+def test_an_artifact_against_itself_is_a_tie_in_a_real_paired_measurement(in_tmp: Path):
+    """Two names for one ONNX Runtime artifact, timed alternately in a real child process: never a win."""
+    import json
+
+    from optimizer.records.candidate import Candidate
+    from optimizer.task.isolation import run_isolated
+    from optimizer.task.paired import PairedComparison, decide
+    from tests.conftest import run_cli
+
+    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--max-batch-size", "4", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
+    result = doc["result"]
+    one = Candidate.from_json(result["candidates"][0])
+    twin = Candidate.from_json({**result["candidates"][0], "name": "twin[cpu]"})
+    payload = {"candidates": [one.to_json(), twin.to_json()], "batches": {one.name: 4, twin.name: 4}, "signature": result["signature"],
+               "profile_feed": result["reference"]["profile_feed"], "source": result["source"], "state_dict": None,
+               "backend_settings": {}, "rounds": 6, "window_s": 0.1}
+    outcome = run_isolated("optimizer.task.paired:compare_candidates", payload, in_tmp / "paired", 300, "compare")
+    assert outcome.ok, outcome.reason
+    rounds = outcome.value["rounds"]
+    assert len(rounds[one.name]) == len(rounds[twin.name]) == 6 and all(t > 0 for t in rounds[one.name])
+    c = decide(PairedComparison(one.name, payload["batches"], rounds), {one.name: "onnxruntime", twin.name: "onnxruntime"})
+    ratio, low, high = c.ratios[twin.name]
+    assert 0.8 < ratio < 1.25 and low <= ratio <= high  # paired rounds of one artifact agree with each other
+    assert c.winner in (one.name, twin.name) and c.summary
