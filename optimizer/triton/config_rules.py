@@ -1,14 +1,30 @@
 """Triton's load-time rules, checked on the parsed config before anything is written (reference/triton.md §2.10).
 
 Each rule quotes the wording of the component that enforces it, so a user who has seen the
-server's error recognizes it:
-- "Triton core": triton-inference-server/core src/model_config_utils.cc and the repository manager.
-  tests/test_triton_core_agreement.py loads every broken config into the real tritonserver 2.51 and
-  checks that its log says the same words.
+server's error recognizes it, and says (a short comment) which source release it was read from:
+- "Triton core": triton-inference-server/core src/model_config_utils.cc (ValidateModelConfig,
+  ValidateInstanceGroup, ValidateModelIOConfig/ValidateBatchIO, the sequence-control getters,
+  ValidateEnsembleSchedulingConfig) and the repository manager; `gpus` ids are checked against this
+  machine's GPU count. tests/test_triton_core_agreement.py loads every broken config into the real
+  tritonserver 2.51 and checks that its log says the same words.
 - a backend ("ONNX Runtime backend", "PyTorch backend", "TensorRT backend", "OpenVINO backend"):
   its source, checked against facts read from the artifact (ONNX graph, engine profiles).
 - "aitune-export": checks of our own where the server's failure would come later (at warmup or at the
   first request); the message says what would happen.
+
+Two outcomes: a refusal (`violations`; `check` raises) is only for configs the enforcer refuses to
+load. What Triton loads but fails later (OpenVINO requests below max_batch_size), loads with a
+warning (libtorch outputs not named <name>__<index> bind in config order), or what cannot be decided
+here (a `gpus` id with no GPU information on this machine; `model_metrics`, which Triton 2.51 cannot
+read) is a warning (`warnings`; `check` logs it and returns it): a rule must never refuse a config
+Triton loads.
+
+Fields a --template-dir template can set are covered as far as the config alone decides: I/O,
+batching, sequence-batching controls, batch_input/batch_output, ensemble_scheduling, response cache,
+instance groups, warmup, model_metrics (two scheduling choices at once never get here: the parser
+refuses them, as Triton's does). Not covered: ensemble steps against the composing models'
+configs (core's ensemble_utils needs the other models), sequence `state` initial data, and backend
+checks needing facts we do not read (ONNX dtypes, TorchScript signatures, OpenVINO IR).
 
 Over 400 lines because it is a catalogue: one short function per rule, each quoting its enforcer,
 and a rule is easiest to check against Triton's source when all of them sit side by side.
@@ -16,12 +32,16 @@ and a rule is easiest to check against Triton's source when all of them sit side
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from optimizer.errors import ConfigRuleError
 from optimizer.model.dtypes import triton_itemsize
@@ -91,16 +111,48 @@ class ArtifactFacts:
     engine_profile_count: int | None = None
     versions: tuple[int, ...] | None = None  # version directories the model has once published
     warmup_files: Mapping[str, int] | None = None  # file under <model>/warmup/ -> size in bytes
+    gpu_count: int | Callable[[], int | None] | None = None  # GPUs of the machine the config is for; a callable asks when needed
+
+
+def _gpu_count(facts: ArtifactFacts) -> int | None:
+    return facts.gpu_count() if callable(facts.gpu_count) else facts.gpu_count
+
+
+@functools.lru_cache(maxsize=1)
+def local_gpu_count() -> int | None:
+    """This machine's GPUs: torch's count when torch was built with CUDA, else nvidia-smi's, else None (unknown)."""
+    try:
+        import torch
+
+        if torch.version.cuda:
+            return torch.cuda.device_count()  # honours CUDA_VISIBLE_DEVICES, as Triton does
+    except Exception as err:  # noqa: BLE001 - no torch or a broken CUDA runtime: try nvidia-smi
+        log.debug("torch cannot count GPUs: %s", err)
+    exe = shutil.which("nvidia-smi")
+    if exe:
+        try:
+            r = subprocess.run([exe, "-L"], check=False, capture_output=True, text=True, timeout=15)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            log.debug("nvidia-smi failed: %s", err)
+            return None
+        if r.returncode == 0:
+            return sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
+    return None
 
 
 @dataclass(frozen=True)
 class RuleViolation:
-    """One broken rule: whose wording it quotes, the words, and what to change."""
+    """One broken rule: whose wording it quotes, the words, and what to change.
+
+    `warn`: Triton loads the config (or whether it does cannot be decided here); `when` completes "<source> ...:"
+    with what happens instead of a refusal, e.g. "loads it, but at request time a batch ... may fail with"."""
 
     rule: str
     source: str
     message: str
     fix: str = ""
+    warn: bool = False
+    when: str = ""
 
 
 Rule = Callable[[Any, ArtifactFacts], list[RuleViolation]]
@@ -156,7 +208,7 @@ def _platform(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
         hint = " (openvino is a backend: write backend: \"openvino\")" if config.platform == "openvino" else ""
         return [RuleViolation("platform_backend", CORE, f"unexpected platform type '{config.platform}' for {n}",
                               f"use one of {', '.join(PLATFORM_BACKEND)}{hint}")]
-    if config.backend in TYPED_BACKENDS and config.platform and PLATFORM_BACKEND.get(config.platform) != config.backend:
+    if config.backend in TYPED_BACKENDS and config.platform not in ("", "ensemble") and PLATFORM_BACKEND.get(config.platform) != config.backend:
         return [RuleViolation("platform_backend", CORE, f"unexpected 'platform' and 'backend' pair, got:{config.platform}, {config.backend}",
                               "drop `backend` or make it the platform's backend")]
     return []
@@ -217,6 +269,193 @@ def _dynamic(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
         policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
         if any(p.default_timeout_microseconds and p.timeout_action == DELAY for p in policies):
             bad(f"Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for {n}", "use REJECT")
+    return out
+
+
+_BOOL_CONTROLS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_READY")
+_CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
+
+
+def _control_error(batcher: Any, n: str, kind: str) -> tuple[str | None, str]:
+    """Get{Boolean,Typed}SequenceControlProperties (model_config_utils.cc): (Triton's error or None, the control's tensor name)."""
+    typed = kind == "CONTROL_SEQUENCE_CORRID"
+    seen_tensors, tensor = set(), ""
+    for ci in batcher.control_input:
+        if not ci.name:
+            return f"sequence batching control tensor must have a name for {n}", ""
+        if ci.name in seen_tensors:
+            return f"sequence batching control tensor '{ci.name}' is specified for multiple control kinds for {n}", ""
+        seen_tensors.add(ci.name)
+        for c in ci.control:
+            if type(c).Kind.Name(c.kind) != kind:
+                continue
+            if tensor:
+                return f"sequence batching specifies multiple {kind} tensors for {n}", ""
+            tensor = ci.name
+            sizes = {"int32_false_true": len(c.int32_false_true), "fp32_false_true": len(c.fp32_false_true),
+                     "bool_false_true": len(c.bool_false_true)}
+            given = [k for k, v in sizes.items() if v]
+            if typed:
+                if given:
+                    return f"sequence batching must not specify either 'int32_false_true', 'fp32_false_true' or 'bool_false_true' for {kind} for {n}", ""
+            elif not given:
+                return f"sequence batching must specify either 'int32_false_true', 'fp32_false_true' or 'bool_false_true' for {kind} for {n}", ""
+            elif len(given) > 1:
+                return (f"sequence batching specifies more than one from 'int32_false_true', 'fp32_false_true' and 'bool_false_true' "
+                        f"for {kind} for {n}"), ""
+            elif sizes[given[0]] != 2:
+                return f"sequence batching control '{given[0]}' must have exactly 2 entries for {kind} for {n}", ""
+    return None, tensor
+
+
+def _sequence_controls(config: Any) -> dict[str, str]:
+    """Control kind -> tensor name, for the controls the sequence batcher feeds (each is one more model input)."""
+    if not config.HasField("sequence_batching"):
+        return {}
+    found = {kind: _control_error(config.sequence_batching, config.name, kind)[1] for kind in (*_BOOL_CONTROLS, "CONTROL_SEQUENCE_CORRID")}
+    return {k: v for k, v in found.items() if v}
+
+
+@rule("sequence_batching")
+def _sequence(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    # Triton core ValidateModelConfig, sequence block (core main, 2026; the 2.51 server prints the same words): first error only
+    from tritonclient.grpc import model_config_pb2
+
+    if not config.HasField("sequence_batching"):
+        return []
+    n, sb = config.name, config.sequence_batching
+
+    def bad(message: str, fix: str) -> list[RuleViolation]:
+        return [RuleViolation("sequence_batching", CORE, message, fix)]
+
+    if config.response_cache.enable:
+        return bad(f"Response Cache does not currently support model {n} with sequence batching scheduler. Please disable the response cache.",
+                   "drop response_cache")
+    for kind in (*_BOOL_CONTROLS, "CONTROL_SEQUENCE_CORRID"):
+        error, tensor = _control_error(sb, n, kind)
+        if error:
+            return bad(error, "one control_input per tensor, each kind once; START/END/READY with one *_false_true pair, CORRID with a data_type")
+        if kind == "CONTROL_SEQUENCE_CORRID" and tensor:
+            control = next(c for ci in sb.control_input if ci.name == tensor for c in ci.control if c.kind == c.CONTROL_SEQUENCE_CORRID)
+            if model_config_pb2.DataType.Name(control.data_type) not in _CORRID_TYPES:
+                return bad(f"unexpected data type for control CONTROL_SEQUENCE_CORRID for {n}. Allowed data types are TYPE_UINT64, TYPE_INT64, "
+                           "TYPE_UINT32, TYPE_INT32 and TYPE_STRING", "give the CORRID control one of those data types")
+    if sb.HasField("oldest"):
+        for size in sb.oldest.preferred_batch_size:
+            if size <= 0:
+                return bad(f"sequence batching preferred batch size must be positive for {n}", "drop the preferred size")
+            if size > config.max_batch_size:
+                return bad(f"sequence batching preferred batch size must be <= max batch size for {n}",
+                           f"preferred_batch_size {size} > max_batch_size {config.max_batch_size}")
+    if sb.HasField("direct") and not 0.0 <= sb.direct.minimum_slot_utilization <= 1.0:
+        return bad(f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {n}", "use a fraction in (0, 1]")
+    return []
+
+
+@rule("ensemble")
+def _ensemble(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    # Triton core ValidateModelConfig + ValidateEnsembleSchedulingConfig/BuildEnsembleGraph (core main, 2026; checked against 2.51): first error
+    n, es = config.name, config.ensemble_scheduling
+
+    def bad(message: str, fix: str) -> list[RuleViolation]:
+        return [RuleViolation("ensemble", CORE, message, fix)]
+
+    if config.platform == "ensemble" and config.backend:
+        return bad(f"Ensemble model '{n}' must have platform type 'ensemble' and empty backend type", "drop backend")
+    if not config.HasField("ensemble_scheduling"):
+        if config.platform == "ensemble":
+            return bad(f"ensemble scheduling must be set for ensemble {n} whose platform is ensemble", "add ensemble_scheduling { step [...] }")
+        return []
+    if config.platform != "ensemble":
+        return bad(f"ensemble scheduling cannot be set for model '{n}' whose platform is not ensemble",
+                   "drop ensemble_scheduling (an ensemble is a model of its own, platform \"ensemble\")")
+    for present, what in ((len(config.instance_group), "instance group should not be specified"),
+                          (config.HasField("optimization"), "optimization should not be specified"),
+                          (len(config.model_warmup), "model_warmup can not be specified")):
+        if present:
+            return bad(f"{what} for ensemble '{n}'", "an ensemble runs no instances of its own: drop it")
+    if not es.step:
+        return bad(f"must specify 'step' for ensemble '{n}'", "add the steps")
+    produced: dict[str, int] = {}  # ensemble tensor -> step writing it
+    consumers: dict[str, list[int]] = {}  # ensemble tensor -> steps reading it
+    for i, step in enumerate(es.step):
+        for field in ("model_name", "input_map", "output_map"):
+            if not getattr(step, field):
+                return bad(f"must specify '{field}' in step {i} of ensemble '{n}'", f"give step {i} a {field}")
+        for tensor in step.output_map.values():
+            if tensor in produced:
+                return bad(f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble '{n}' step {i}",
+                           "write each ensemble tensor in one step")
+            produced[tensor] = i
+        for tensor in step.input_map.values():
+            consumers.setdefault(tensor, []).append(i)
+    ready = _ensemble_ready(config, produced, consumers)
+    if isinstance(ready, str):
+        return bad(ready, "every ensemble input feeds a step; every step input is an ensemble input or another step's output")
+    for out in config.output:
+        if out.name not in produced and out.name not in consumers:
+            return bad(f"ensemble output '{out.name}' for ensemble {n}' is not used", "write it in a step's output_map")  # sic, as 2.51
+        if out.name not in ready:
+            # Triton may go on ": at least one of its depending tensors, '<t>', is not connected" (which one depends on map order)
+            return bad(f"output '{out.name}' for ensemble '{n}' is not written", "connect the steps that write it to the ensemble inputs "
+                       f"(unreached: {', '.join(sorted(set(produced) | set(consumers) - ready))})")
+    outputs = {o.name for o in config.output}
+    for tensor in [*produced, *consumers]:
+        if tensor not in outputs and (tensor not in ready or tensor not in consumers):
+            return bad(f"ensemble tensor '{tensor}' is unused in ensemble '{n}'", "drop it or feed it to a step")
+    return []
+
+
+def _ensemble_ready(config: Any, produced: dict[str, int], consumers: dict[str, list[int]]) -> set[str] | str:
+    """Ensemble tensors the data flow reaches from the ensemble inputs (BuildEnsembleGraph's ready marks), or Triton's error."""
+    ready: set[str] = set()
+    for t in config.input:
+        if t.name not in produced and t.name not in consumers:
+            return f"ensemble input '{t.name}' for ensemble {config.name}' is not used"  # sic: Triton prints one quote
+        ready.add(t.name)
+    steps = list(config.ensemble_scheduling.step)
+    changed = True
+    while changed:
+        changed = False
+        for step in steps:
+            if all(v in ready for v in step.input_map.values()):
+                new = set(step.output_map.values()) - ready
+                if new:
+                    ready |= new
+                    changed = True
+    return ready
+
+
+@rule("response_cache")
+def _response_cache(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    # Triton core ValidateModelConfig (core main, 2026; the 2.51 server prints the same words); with sequence batching: rule sequence_batching
+    if config.response_cache.enable and config.model_transaction_policy.decoupled:
+        return [RuleViolation("response_cache", CORE, f"Response Cache does not currently support model {config.name} with 'decoupled' "
+                              "transaction policy. Please disable the response cache.", "drop response_cache or decoupled")]
+    return []
+
+
+@rule("model_metrics")
+def _model_metrics(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    # Triton core ValidateModelMetrics (core main, 2026). The field is newer than Triton 2.51, whose parser does not know it.
+    if "model_metrics" not in config.DESCRIPTOR.fields_by_name or not config.HasField("model_metrics"):
+        return []
+    out = [RuleViolation("model_metrics", CORE, 'Message type "inference.ModelConfig" has no field named "model_metrics"',
+                         "serve it with a Triton release that defines model_metrics, or drop it", warn=True,
+                         when="of Triton 2.51 (the server here) and older releases cannot read the field and skips the model ('failed to read text proto')")]
+    for mc in config.model_metrics.metric_control:
+        if not mc.HasField("metric_identifier"):
+            message = "metric control must specify 'metric_identifier'"
+        elif not mc.metric_identifier.family:
+            message = "metric identifier must specify non-empty 'family'"
+        elif not mc.HasField("histogram_options"):
+            message = "metric control must specify 'histogram_options'"
+        elif not mc.histogram_options.buckets:
+            message = "histogram options must specify non-empty 'buckets'"
+        else:
+            continue
+        return [RuleViolation("model_metrics", CORE, message, "metric_control { metric_identifier { family: ... } "
+                              "histogram_options { buckets: [...] } }"), *out]
     return out
 
 
@@ -289,6 +528,49 @@ def _io(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     return out
 
 
+@rule("batch_io")
+def _batch_io(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    # Triton core ValidateBatchIO via ValidateModelIOConfig, which appends " for <model>" (core main, 2026; checked against 2.51)
+    from tritonclient.grpc import model_config_pb2
+
+    msg = _batch_io_error(config, model_config_pb2)
+    if msg is None:
+        return []
+    return [RuleViolation("batch_io", CORE, f"{msg} for {config.name}", "batch_input/batch_output name config inputs/outputs as sources and targets")]
+
+
+def _batch_io_error(config: Any, pb: Any) -> str | None:
+    inputs, outputs = {t.name for t in config.input}, {t.name for t in config.output}
+    for b in config.batch_input:
+        kind = pb.BatchInput.Kind.Name(b.kind) if b.kind in pb.BatchInput.Kind.values() else str(b.kind)
+        if b.kind not in pb.BatchInput.Kind.values():
+            return f"unknown batch input kind '{kind}'"
+        if len(b.source_input) != 1:
+            return f"batch input kind '{kind}' expects 1 source input, got {len(b.source_input)}"
+        if pb.DataType.Name(b.data_type) not in ("TYPE_INT32", "TYPE_FP32"):
+            return "batch input data type must be TYPE_INT32 or TYPE_FP32"
+        for source in b.source_input:
+            if source not in inputs:
+                return f"unknown source input name '{source}'"
+    for b in config.batch_output:
+        kind = pb.BatchOutput.Kind.Name(b.kind) if b.kind in pb.BatchOutput.Kind.values() else str(b.kind)
+        if b.kind not in pb.BatchOutput.Kind.values():
+            return f"unknown batch output kind '{kind}'"
+        if len(b.source_input) != 1:
+            return f"batch output kind '{kind}' expects 1 source input, got {len(b.source_input)}"
+        for source in b.source_input:
+            if source not in inputs:
+                return f"unknown source input name '{source}'"
+        seen = set()
+        for target in b.target_name:
+            if target not in outputs:
+                return f"unknown target output name '{target}'"
+            if target in seen:
+                return f"target output name '{target}' can only be specified once"
+            seen.add(target)
+    return None
+
+
 @rule("instance_group")
 def _instances(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     from tritonclient.grpc import model_config_pb2
@@ -300,6 +582,8 @@ def _instances(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
         where = f"instance group {name} of model {config.name}"
         if g.gpus and kind in ("KIND_CPU", "KIND_MODEL"):
             out.append(RuleViolation("instance_group", CORE, f"{where} has kind {kind} but specifies one or more GPUs", "drop gpus or use KIND_GPU"))
+        if g.gpus and kind == "KIND_GPU":
+            out += _gpu_ids(where, list(g.gpus), facts)
         if g.profile and config.platform != "tensorrt_plan":
             # sic: Triton prints no space between the platform and "specifies"
             out.append(RuleViolation("instance_group", CORE, f"{where} and platform {config.platform}specifies profile field which is only "
@@ -317,6 +601,24 @@ def _instances(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
             out.append(RuleViolation("instance_group", TRT, f"{where} has kind KIND_CPU, but a TensorRT engine runs on a GPU only",
                                      "use KIND_GPU"))
     return out
+
+
+def _gpu_ids(where: str, gpus: list[int], facts: ArtifactFacts) -> list[RuleViolation]:
+    """Triton core ValidateInstanceGroup (core main, 2026; the 2.51 server prints the same words): every id must be a GPU of the
+    serving machine. Triton goes on ". GPUs with at least the minimum required CUDA compute compatibility of 6.000000 are: <ids>".
+    We know only this machine: with GPUs here the config is for it and a missing id is refused; without (none, or unknown) we warn."""
+    words = f"{where} specifies invalid or unsupported gpu id "
+    out = [RuleViolation("instance_group", CORE, words + str(i), "GPU ids are 0, 1, ...") for i in gpus if i < 0]
+    count = _gpu_count(facts)
+    high = sorted({i for i in gpus if i >= 0 and (count is None or i >= count)})
+    if not high:
+        return out
+    if count:
+        return out + [RuleViolation("instance_group", CORE, words + str(i), f"this machine has {count} GPU(s) (ids 0..{count - 1}) and the config "
+                                    "is checked against this machine's count: list only those, or publish on the serving machine") for i in high]
+    here = "this machine has no GPU" if count == 0 else "this machine's GPU count is unknown (torch without CUDA, no nvidia-smi)"
+    return out + [RuleViolation("instance_group", CORE, words + str(high[-1]), "make sure the serving machine has these GPUs", warn=True,
+                                when=f"is not checked ({here}); a serving machine without GPU {high[-1]} refuses the load with")]
 
 
 @rule("warmup")
@@ -430,7 +732,8 @@ def _optimization(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
 
 @rule("onnx_io")
 def _onnx_io(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
-    out = []
+    # onnxruntime_backend src/onnxruntime.cc ModelInstanceState: sequence controls, then the input count, then each tensor (main, 2026)
+    out = _onnx_inputs(config, facts.onnx_inputs) if facts.onnx_inputs is not None else []
     batching = config.max_batch_size > 0
     for kind, tensors, graph in (("input", config.input, facts.onnx_inputs), ("output", config.output, facts.onnx_outputs)):
         if graph is None:
@@ -465,13 +768,42 @@ def _onnx_io(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     return out
 
 
+def _onnx_inputs(config: Any, graph: Mapping[str, list[int] | None]) -> list[RuleViolation]:
+    """Every graph input is fed: config inputs (optional ones excepted), batch inputs, sequence controls and states count."""
+    out, n = [], config.name
+    controls = _sequence_controls(config)
+    for name in controls.values():
+        if name not in graph:
+            out.append(RuleViolation("onnx_io", ORT, f"configuration specified sequence control '{name}', but model does not provide that input",
+                                     "name the control as the graph input that takes it"))
+            continue
+        model = graph[name]
+        debatched = (model[1:] if config.max_batch_size > 0 else model) if model is not None else [1]
+        if debatched != [1]:
+            out.append(RuleViolation("onnx_io", ORT, f"unable to load model '{n}', sequence control '{name}' in model has dims "
+                                     f"{_shape(debatched)} but dims [1] is expected", "the control input takes one value per sequence"))
+    expected = sum(not t.optional for t in config.input) + len(config.batch_input) + len(controls)
+    expected += len(config.sequence_batching.state) if config.HasField("sequence_batching") else 0
+    if expected != len(graph):
+        missing = [g for g in graph if g not in {t.name for t in config.input} | set(controls.values())]
+        out.append(RuleViolation("onnx_io", ORT, f"unable to load model '{n}', configuration expects {expected} inputs, model provides {len(graph)}",
+                                 f"list every graph input ({', '.join(graph)}); not in the config: {', '.join(missing) or '-'}"))
+    return out
+
+
 @rule("libtorch_names")
 def _libtorch(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    # PyTorch backend since pytorch_backend ff103c4 (2022-05; every release we target): other names load and bind in config order
+    # (NamingConvention STRICT_CONFIG_ORDERING), with a warning when a name has "__" and no index. The refusal "does not follow
+    # naming convention i.e. <name>__<index>." is gone, so this only warns; our stand-in backend binds the same way.
     if config.platform not in LIBTORCH_NAMED:
         return []
-    return [RuleViolation("libtorch_names", LIBTORCH, f"output '{t.name}' does not follow naming convention i.e. <name>__<index>.",
-                          "name outputs output__0, output__1, ... (--output-names)")
-            for t in config.output if not _LIBTORCH_OUTPUT.match(t.name)]
+    odd = [t.name for t in config.output if not _LIBTORCH_OUTPUT.match(t.name)]
+    if not odd:
+        return []
+    return [RuleViolation("libtorch_names", LIBTORCH, f"output '{odd[0]}' does not follow the <name>__<index> naming convention",
+                          "list outputs in the order forward() returns them, or name them output__0, output__1, ... (--output-names)",
+                          warn=True, when="loads it and binds every output by its position in the config")]
 
 
 @rule("torch_aoti_names")
@@ -514,10 +846,9 @@ def _openvino(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
 
     if _backend_of(config) != "openvino":
         return []
+    # openvino_backend src/openvino.cc (main, 2026). It auto-completes inputs, outputs and max_batch_size from model.xml, so a
+    # config without them loads (unless the server runs with --disable-auto-complete-config).
     out = []
-    if not config.input or not config.output:
-        out.append(RuleViolation("openvino", OPENVINO, "the openvino backend does not auto-complete the configuration",
-                                 "list every input and output"))
     for i, g in enumerate(config.instance_group):
         kind = model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)
         if kind != "KIND_CPU":
@@ -528,22 +859,37 @@ def _openvino(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
         if key in params and params[key] and not ok(params[key].lower()):
             out.append(RuleViolation("openvino", OPENVINO, f"expected the parameter '{key}' to be {expected}, got {params[key].lower()}"))
     if config.max_batch_size > 1 and params.get("ENABLE_BATCH_PADDING", "").lower() != "yes":
-        out.append(RuleViolation("openvino", OPENVINO, f"expected requests with batch size '{config.max_batch_size}'",
-                                 f"the backend fixes the batch at max_batch_size {config.max_batch_size}; set the parameter "
-                                 "ENABLE_BATCH_PADDING to YES so smaller batches are padded"))
+        # enforced in ProcessRequests, i.e. at request time: the model loads
+        out.append(RuleViolation("openvino", OPENVINO, f"expected requests with batch size '{config.max_batch_size}', got '<n>'... this error can "
+                                 "be avoided by setting 'ENABLE_BATCH_PADDING' parameter in model configuration to 'YES' at a performance cost.",
+                                 'set the parameter ENABLE_BATCH_PADDING to "YES" so smaller batches are padded',
+                                 warn=True, when="loads it, but at request time a batch below max_batch_size may fail with"))
     return out
 
 
-def violations(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
-    """Every broken rule (empty when the config would load)."""
+def _all(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     return [v for fn in RULES.values() for v in fn(config, facts)]
 
 
-def check(config: Any, facts: ArtifactFacts, where: str = "config.pbtxt") -> None:
-    """Raise ConfigRuleError quoting the first broken rule in its enforcer's words (and counting the others)."""
-    found = violations(config, facts)
+def violations(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    """Every refusal (empty when the config would load)."""
+    return [v for v in _all(config, facts) if not v.warn]
+
+
+def warnings(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
+    """What Triton loads but fails or warns about later, or what cannot be decided on this machine."""
+    return [v for v in _all(config, facts) if v.warn]
+
+
+def check(config: Any, facts: ArtifactFacts, where: str = "config.pbtxt") -> list[RuleViolation]:
+    """Raise ConfigRuleError quoting the first refusal in its enforcer's words (and counting the others); log and return the warnings."""
+    found, advisories = [], []
+    for v in _all(config, facts):
+        (advisories if v.warn else found).append(v)
+    for w in advisories:
+        log.warning("%s: %s %s: \"%s\"%s", where, w.source, w.when, w.message, f"; fix: {w.fix}" if w.fix else "")
     if not found:
-        return
+        return advisories
     first = found[0]
     more = f" ({len(found) - 1} more: {'; '.join(v.message for v in found[1:3])}{'; ...' if len(found) > 3 else ''})" if len(found) > 1 else ""
     fix = f"; fix: {first.fix}" if first.fix else ""
@@ -551,8 +897,10 @@ def check(config: Any, facts: ArtifactFacts, where: str = "config.pbtxt") -> Non
 
 
 def facts_for(artifact: Artifact, directory_name: str, versions: tuple[int, ...] | None = None,
-              warmup_files: Mapping[str, int] | None = None) -> ArtifactFacts:
-    """What the artifact says: ONNX graph names and shapes, the TensorRT engine's profile max batch and profile count."""
+              warmup_files: Mapping[str, int] | None = None,
+              gpu_count: int | Callable[[], int | None] | None = local_gpu_count) -> ArtifactFacts:
+    """What the artifact says: ONNX graph names and shapes, the TensorRT engine's profile max batch and profile count;
+    and the GPUs the config is checked against (this machine's, counted only when a config lists `gpus`)."""
     onnx_in = onnx_out = None
     if artifact.files and artifact.files[0].endswith(".onnx") and artifact.path.is_file():
         onnx_in, onnx_out = _onnx_facts(artifact)
@@ -565,6 +913,7 @@ def facts_for(artifact: Artifact, directory_name: str, versions: tuple[int, ...]
         engine_profile_count=meta.get("engine_profile_count"),
         versions=versions,
         warmup_files=warmup_files,
+        gpu_count=gpu_count,
     )
 
 

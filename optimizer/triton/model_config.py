@@ -1,5 +1,6 @@
 """config.pbtxt: a ConfigSpec (plain data) rendered by the platform's Jinja2 template, parsed into
-Triton's real schema (`tritonclient.grpc.model_config_pb2.ModelConfig`), checked against Triton's
+Triton's real schema (`tritonclient.grpc.model_config_pb2.ModelConfig`, plus the top-level fields newer
+Triton releases define that its 2.51 proto lacks: NEWER_FIELDS), checked against Triton's
 load-time rules (config_rules.py) and written in canonical text form. Nothing is written when any
 of that fails.
 
@@ -19,6 +20,7 @@ agree field by field; the rules it is checked against live apart, in config_rule
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -415,12 +417,51 @@ def render(spec: ConfigSpec, template_dir: Path | None = None) -> str:
         raise TemplateError(f"template {where} failed to render: {message}; fix the template (any packaged template can be overridden with --template-dir).") from err
 
 
-def parse(text: str, where: str = "config.pbtxt", template_dir: Path | None = None) -> Any:
-    """Parse text into `ModelConfig`; a field Triton does not know is an error naming the parser's line and column."""
-    from google.protobuf import text_format
+NEWER_FIELDS = ("model_metrics",)
+"""Top-level ModelConfig fields newer Triton releases define that the proto bundled in tritonclient 2.51 lacks.
+`model_config_class` adds them (same names and numbers as triton-inference-server/common's model_config.proto),
+so a template may set them and a typo in any field, theirs included, is still a parse error. Triton 2.51 itself
+cannot read them: config_rules warns."""
+
+
+@functools.lru_cache(maxsize=1)
+def model_config_class() -> Any:
+    """tritonclient's `ModelConfig`, extended with NEWER_FIELDS it lacks (a private descriptor pool; same wire format)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
     from tritonclient.grpc import model_config_pb2
 
-    config = model_config_pb2.ModelConfig()
+    known = {f.name for f in model_config_pb2.ModelConfig.DESCRIPTOR.fields}
+    if all(name in known for name in NEWER_FIELDS):
+        return model_config_pb2.ModelConfig
+    proto = descriptor_pb2.FileDescriptorProto()
+    model_config_pb2.DESCRIPTOR.CopyToProto(proto)
+    proto.name = "aitune_export/model_config_extended.proto"
+    F = descriptor_pb2.FieldDescriptorProto
+    if "model_metrics" not in known:
+        # common/protobuf/model_config.proto: message ModelMetrics { repeated MetricControl metric_control = 1; }, ModelConfig field 26
+        metrics = proto.message_type.add(name="ModelMetrics")
+        control = metrics.nested_type.add(name="MetricControl")
+        control.nested_type.add(name="MetricIdentifier").field.add(name="family", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+        control.nested_type.add(name="HistogramOptions").field.add(name="buckets", number=1, type=F.TYPE_DOUBLE, label=F.LABEL_REPEATED)
+        control.oneof_decl.add(name="metric_options")
+        control.field.add(name="metric_identifier", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                          type_name=".inference.ModelMetrics.MetricControl.MetricIdentifier")
+        control.field.add(name="histogram_options", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, oneof_index=0,
+                          type_name=".inference.ModelMetrics.MetricControl.HistogramOptions")
+        metrics.field.add(name="metric_control", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                          type_name=".inference.ModelMetrics.MetricControl")
+        config = next(m for m in proto.message_type if m.name == "ModelConfig")
+        config.field.add(name="model_metrics", number=26, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".inference.ModelMetrics")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+
+
+def parse(text: str, where: str = "config.pbtxt", template_dir: Path | None = None) -> Any:
+    """Parse text into `ModelConfig` (with NEWER_FIELDS); a field Triton does not know is an error naming the parser's line and column."""
+    from google.protobuf import text_format
+
+    config = model_config_class()()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as err:
