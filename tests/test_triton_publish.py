@@ -333,9 +333,10 @@ def test_publish_report_re_emits_without_re_tuning(tmp_path: Path):
     import yaml
 
     cfg = yaml.safe_load(analyzer.read_text())
-    assert cfg["triton_launch_mode"] == "remote" and cfg["model_repository"] == str((tmp_path / "repo").resolve())
+    assert cfg["triton_launch_mode"] == "local" and cfg["model_repository"] == str(tmp_path / "run" / "model_analyzer" / "repository")
     assert cfg["profile_models"] == {"enc": {"cpu_only": True}}
-    assert cfg["run_config_search_max_model_batch_size"] == 8 and cfg["perf_analyzer_flags"] == {"shape": ["input_ids:128"]}
+    assert cfg["run_config_search_max_model_batch_size"] == 8
+    assert cfg["perf_analyzer_flags"]["input-data"] == str(tmp_path / "run" / "perf_analyzer_input.json")
     assert not Path(cfg["export_path"]).is_relative_to(tmp_path / "repo")
 
     r = run_cli("publish", str(report), "--repository", str(tmp_path / "repo"), cwd=tmp_path)
@@ -363,7 +364,7 @@ def test_model_analyzer_config_carries_the_latency_budget(tmp_path: Path):
     text = Path(published.model_analyzer_config).read_text()
     cfg = yaml.safe_load(text)
     assert cfg["constraints"] == {"perf_latency_p99": {"max": 4.0}} and "p95" in text  # the header says which percentile we used
-    assert "perf_analyzer_flags" not in cfg  # fixed dims need no --shape
+    assert "shape" not in cfg["perf_analyzer_flags"]  # fixed dims need no --shape
 
 
 @pytest.mark.slow

@@ -117,7 +117,8 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
 
     # 5. serve search, publish, then report
     options = PublishOptions(Path(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
-                             Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir)
+                             Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
+                             cache_dir=plan.cache_root)
     try:
         search = _serve_search(settings, plan.cache_root, result, options, work, on_event)
         options = replace(options, served_search=search, operating_point=search.chosen if search.status == "searched" else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from optimizer.errors import PublishError
+from optimizer.machine import cache_root
 from optimizer.records.report_file import read_report
 from optimizer.records.served_search import ServedSearch
 from optimizer.triton.publish import PublishOptions, check_options, publish
@@ -34,6 +35,7 @@ def republish(report: Path, repository: Path | None = None, name: str | None = N
         report_dir=report.parent,
         operating_point=search.chosen if search is not None and search.status == "searched" else None,
         served_search=search,
+        cache_dir=cache_root(settings.cache_dir),
     )
     check_options(options)
     return publish(result, options)

@@ -48,6 +48,7 @@ class PublishOptions:
     report_dir: Path | None = None
     operating_point: OperatingPoint | None = None
     served_search: ServedSearch | None = None
+    cache_dir: Path | None = None  # the run's cache root: the Model Analyzer config's server home is prepared there
 
 
 def check_options(options: PublishOptions) -> None:
@@ -163,7 +164,7 @@ def publish(result: TuneResult, options: PublishOptions) -> Published:
     if options.report_dir is not None:
         from optimizer.triton.model_analyzer import write_model_analyzer_config
 
-        path = write_model_analyzer_config(options.report_dir, published, result, spec)
+        path = write_model_analyzer_config(options.report_dir, published, result, spec, options.cache_dir)
         published.model_analyzer_config = str(path)
         published.perf_analyzer_input = _write_perf_analyzer_input(options.report_dir, result)
     return published
