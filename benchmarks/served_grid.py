@@ -183,6 +183,37 @@ def measure(server: LocalTritonServer, name: str, model_dir: Path, config: Any, 
     return out
 
 
+SETTLE_ROUNDS = 3
+SETTLE_TOP = 3
+
+
+def settle(server: LocalTritonServer, target: Any, model_dir: Path, rows: list[dict[str, Any]], emitted: Point, facts: Any,
+           data: Path, work: Path, args: Any, thread_parameter: str | None) -> dict[str, Any] | None:
+    """The emitted config and the grid's SETTLE_TOP best points measured again, interleaved, SETTLE_ROUNDS times: the
+    maximum of many noisy measurements overstates the best point (and drift moves the emitted one), so the final ratio
+    compares means taken side by side."""
+    top = sorted((r for r in rows if r["status"] == "measured"), key=lambda r: -r["throughput"])[:SETTLE_TOP]
+    if not top:
+        return None
+    contenders = [("emitted", target.config, None)] + [(Point(**r["point"]).short, point_config(target.config, Point(**r["point"]), thread_parameter), r)
+                                                        for r in top]
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in contenders}
+    for i in range(SETTLE_ROUNDS):
+        for name, config, _ in contenders if i % 2 == 0 else list(reversed(contenders)):
+            m = measure(server, target.name, model_dir, config, facts, data, work / "pa", args.concurrency)
+            if m["status"] == "measured":
+                rounds[name].append(m)
+            print(f"settle {i + 1}/{SETTLE_ROUNDS} {name:<28} {m.get('throughput') or 0:8.1f} infer/s", flush=True)
+
+    def mean(name: str, key: str) -> float:
+        return sum(m[key] for m in rounds[name]) / len(rounds[name]) if rounds[name] else 0.0
+
+    emitted_mean = {"throughput": mean("emitted", "throughput"), "p95_ms": mean("emitted", "p95_ms")}
+    name, _, row = max(contenders[1:], key=lambda c: mean(c[0], "throughput"))
+    best = {**(row or {}), "throughput": mean(name, "throughput"), "p95_ms": mean(name, "p95_ms"), "settled_from": row["throughput"] if row else None}
+    return {"rounds": {k: [m["throughput"] for m in v] for k, v in rounds.items()}, "emitted": emitted_mean, "best": best}
+
+
 def show(tag: str, point: Point, m: dict[str, Any]) -> None:
     if m["status"] != "measured":
         print(f"{tag:<8} {point.label}  {m['status']}: {m['reason']} (others' CPU {m['others_cpu']:.0%})", flush=True)
@@ -193,7 +224,7 @@ def show(tag: str, point: Point, m: dict[str, Any]) -> None:
 
 def model_analyzer(run: bool, server: LocalTritonServer, repo: Path, name: str, concurrency: int, work: Path) -> dict[str, Any]:
     """Model Analyzer's own brute search, in remote mode against our running server; off unless --model-analyzer."""
-    binary = shutil.which("model-analyzer")
+    binary = (shutil.which("model-analyzer", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])))
     if binary is None:
         return {"status": "skipped", "reason": "model-analyzer is not installed (pip install triton-model-analyzer)"}
     if not run:
@@ -272,6 +303,7 @@ def main() -> int:
             grid_seconds = time.monotonic() - t0
             last = measure(server, target.name, model_dir, target.config, facts, data, work / "pa", args.concurrency)
             show("emitted", emitted, last)
+            settled = settle(server, target, model_dir, rows, emitted, facts, data, work, args, thread_parameter)
             ma = model_analyzer(args.model_analyzer, server, repo, target.name, args.concurrency, work)
     ends = [m for m in (first, last) if m["status"] == "measured"]
     measured = [r for r in rows if r["status"] == "measured"]
@@ -281,7 +313,13 @@ def main() -> int:
     emitted_tp = sum(m["throughput"] for m in ends) / len(ends)
     emitted_p95 = sum(m["p95_ms"] for m in ends) / len(ends)
     best = max(measured, key=lambda r: r["throughput"])
+    raw_ratio = emitted_tp / best["throughput"]
+    if settled:  # the grid's maximum is biased up by noise: the settled rounds compare like with like
+        emitted_tp, emitted_p95 = settled["emitted"]["throughput"], settled["emitted"]["p95_ms"]
+        best = settled["best"]
     ratio = emitted_tp / best["throughput"]
+    print(f"raw grid: emitted {sum(m['throughput'] for m in ends) / len(ends):.1f}/s vs the grid's maximum {max(r['throughput'] for r in measured):.1f}/s "
+          f"(ratio {raw_ratio:.3f}); settled over {SETTLE_ROUNDS} interleaved rounds: ratio {ratio:.3f}")
     print(f"best: {Point(**best['point']).short}; emitted first {first.get('throughput') or 0:.1f}/s, last {last.get('throughput') or 0:.1f}/s "
           f"(drift); others' CPU during emitted {max(m['others_cpu'] for m in ends):.0%}, "
           f"best {best['others_cpu']:.0%} (a busy machine moves both); {len(rows) - len(measured)} points failed")
@@ -291,7 +329,7 @@ def main() -> int:
                      "concurrency": args.concurrency, "cores": cores, "request_mix": mix, "max_batch_cap": cap, "cap_by": cap_by,
                      "quick": args.quick, "emitted": {"point": asdict(emitted), "first": first, "last": last,
                                                        "throughput": emitted_tp, "p95_ms": emitted_p95},
-                     "best": best, "ratio": ratio, "grid_seconds": round(grid_seconds, 1), "grid": rows, "model_analyzer": ma})
+                     "best": best, "ratio": ratio, "raw_ratio": raw_ratio, "settled": settled, "grid_seconds": round(grid_seconds, 1), "grid": rows, "model_analyzer": ma})
     print(f"wrote {out}")
     print(f"served_grid model={target.name} emitted={emitted_tp:.1f} best={best['throughput']:.1f} ratio={ratio:.3f} "
           f"emitted_p95_ms={emitted_p95:.1f} best_p95_ms={best['p95_ms']:.1f} grid_seconds={grid_seconds:.0f}")
