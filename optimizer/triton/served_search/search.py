@@ -142,8 +142,9 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
 
 def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[OperatingPoint, str], ServedVariant], deadline: float,
            request: SearchRequest) -> tuple[ServedVariant, str]:
-    """Coordinate search from the rules' point: instance layouts, the capacity max, larger then smaller batches,
-    the queue delay. A walk takes steps while each improves and ends at its first step that does not."""
+    """Coordinate search from the rules' point: instance layouts, larger then smaller batches (smaller first when
+    more instances won), the capacity max, the queue delay. A walk takes steps while each improves and ends at its
+    first step that does not."""
     seen: dict[OperatingPoint, ServedVariant] = {best.point: best}
     costs = [best.seconds]
 
@@ -183,12 +184,21 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
             if point not in seen:
                 attempt(point, stage)
 
+    def larger(p: OperatingPoint) -> list[OperatingPoint]:
+        return [q for q in batch_steps(p, space)[0] if q.preferred != p.preferred]
+
+    def smaller(p: OperatingPoint) -> list[OperatingPoint]:
+        return batch_steps(p, space)[1]
+
     try:
+        start_instances = best.point.instances
         walk(lambda p: layout_steps(p, space), "instances")
+        # more instances share the cores, so each one's best batch is smaller: then smaller batches are tried first
+        first, second = (smaller, larger) if best.point.instances > start_instances else (larger, smaller)
+        if not walk(first, "batch"):
+            walk(second, "batch")
         up, _ = batch_steps(best.point, space)
         each(up[:1] if up and up[0].preferred == best.point.preferred else [], "batch")  # capacity: max = largest fit
-        if not walk(lambda p: [q for q in batch_steps(p, space)[0] if q.preferred != p.preferred], "batch"):
-            walk(lambda p: batch_steps(p, space)[1], "batch")
         each(delay_steps(best.point), "queue delay")
     except _OutOfTime:
         return best, f"the time budget ({request.budget_s:.0f} s, --serve-search-seconds) ran out"
