@@ -156,6 +156,19 @@ def test_report_md_carries_the_section_and_links_the_plot(tmp_path: Path):
     assert f"**{BIG.label}** (published)" in md
 
 
+def test_the_heading_names_the_published_max_batch_when_the_search_moved_it(tmp_path: Path):
+    doc = json.loads((FIXTURES / "report_cnn.json").read_text())
+    ruled = doc["result"]["max_batch_size"]
+    doc["published"]["served_search"] = _search()
+    doc["published"]["config"] = {"max_batch_size": ruled * 2}  # what the served search published
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(doc))
+    md = write_report_files(report).markdown.read_text()
+    assert md.splitlines()[0].endswith(f"max_batch_size {ruled * 2}")
+    assert f"Published with max_batch_size {ruled * 2}: the served search measured it best" in md
+    assert f"the in-process rule said {ruled}" in md
+
+
 def test_an_older_report_without_a_served_search_renders_as_before(tmp_path: Path):
     shutil.copy(FIXTURES / "report_cnn.json", tmp_path / "report.json")
     rendered = write_report_files(tmp_path / "report.json")

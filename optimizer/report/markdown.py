@@ -88,7 +88,7 @@ def render_markdown(
         _why(result),
         _plots(result, plots),
         _candidates(result),
-        _max_batch(result),
+        _max_batch(result, ((published or {}).get("config") or {}).get("max_batch_size")),
         served_search_section((published or {}).get("served_search"), plots.get("served_search")),
     ]
     if validation is not None:
@@ -101,7 +101,8 @@ def render_markdown(
 
 def _summary(result: TuneResult, settings: dict[str, Any], published: dict[str, Any] | None) -> str:
     if result.selected:
-        head = f"# {result.model_name}: {result.selected}, max_batch_size {result.max_batch_size}"
+        served = ((published or {}).get("config") or {}).get("max_batch_size", result.max_batch_size)  # the served search may move it
+        head = f"# {result.model_name}: {result.selected}, max_batch_size {served}"
     else:
         head = f"# {result.model_name}: no candidate can be published"
     lines = [head, ""]
@@ -187,7 +188,7 @@ def _candidate_row(cand: Candidate, result: TuneResult) -> list[str]:
     ]
 
 
-def _max_batch(result: TuneResult) -> str:
+def _max_batch(result: TuneResult, published_max: int | None = None) -> str:
     if not result.selected:
         return ""
     cand = result.selected_candidate
@@ -195,6 +196,9 @@ def _max_batch(result: TuneResult) -> str:
     if d is None:
         return ""
     lines = [f"## Max batch size: {result.max_batch_size}", ""]
+    if published_max is not None and published_max != result.max_batch_size:
+        lines.append(f"- Published with max_batch_size {published_max}: the served search measured it best (see below); "
+                     f"the in-process rule said {result.max_batch_size}.")
     lines.append(f"- Decided by **{d.decided_by}**: {LIMITS.get(d.decided_by, d.decided_by)}.")
     lines.append(f"- Throughput peak at batch {d.peak or d.best_batch} (the smallest batch within the measured noise of the best); "
                  f"knee at batch {d.knee}; best throughput at batch {d.best_batch}.")
