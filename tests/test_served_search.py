@@ -183,7 +183,7 @@ def test_a_search_record_round_trips():
 @pytest.mark.slow
 def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Path):
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "4",
-                "--serve-search-seconds", "20", "--validate", cwd=in_tmp, serve_search=True)
+                "--serve-search-seconds", "20", "--validate", "--validate-concurrency", "4", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
     search = ServedSearch.from_json(doc["published"]["served_search"])
@@ -213,7 +213,8 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
 @pytest.mark.slow
 def test_torch_aoti_is_searched_and_validated_locally_through_the_pytorch_stand_in(in_tmp: Path):
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "torch-aoti", "--eager-gate", "disabled", "--max-batch-size", "8",
-                "--concurrency", "4", "--serve-search-seconds", "15", "--validate", cwd=in_tmp, serve_search=True)
+                "--concurrency", "4", "--serve-search-seconds", "15", "--validate", "--validate-concurrency", "4", cwd=in_tmp,
+                serve_search=True)
     assert r.returncode == 0, r.stderr
     config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
     assert config.platform == "torch_aoti"  # the published config is for Triton 26.03+, unchanged by the local translation
