@@ -72,3 +72,19 @@ def test_an_artifact_against_itself_is_a_tie_in_a_real_paired_measurement(in_tmp
     ratio, low, high = c.ratios[twin.name]
     assert 0.8 < ratio < 1.25 and low <= ratio <= high  # paired rounds of one artifact agree with each other
     assert c.winner in (one.name, twin.name) and c.summary
+
+
+def test_a_tie_never_publishes_a_candidate_that_does_not_beat_eager():
+    from optimizer.records.candidate import Candidate
+    from optimizer.tune_strategy import MaxThroughputStrategy
+
+    def cand(name, backend, tp):
+        return Candidate(name, backend, "cpu", status="passed", decision=decision(4, 4, [profile(4, 1.0, tp)]))
+
+    aoti, ort, eager = cand("torch-aoti[cpu]", "torch-aoti", 120.0), cand("onnxruntime[cpu]", "onnxruntime", 95.0), cand("torch-eager[cpu]", "torch-eager", 100.0)
+    tie = PairedComparison("torch-aoti[cpu]", {}, {}, winner="onnxruntime[cpu]", verdict="tie", summary="a tie")
+    best, why = MaxThroughputStrategy()._select([aoti, ort], eager, [], tie)
+    assert best is aoti  # onnxruntime measured below eager: the gate keeps the leader
+    faster_ort = cand("onnxruntime[cpu]", "onnxruntime", 110.0)
+    best, why = MaxThroughputStrategy()._select([aoti, faster_ort], eager, [], tie)
+    assert best is faster_ort and why.startswith("a tie")

@@ -179,6 +179,8 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         if best is None or settled is None or best.name != settled.leader:
             return best, why
         winner = next((c for c in passed if c.name == settled.winner), best)
+        if self.eager_gate == "enabled" and self._beats_eager(winner, eager) is False:
+            winner = best  # the gate still holds: a tie never publishes a candidate slower than eager
         if winner is best:
             return best, f"{why}; {settled.summary}"
         return winner, f"{settled.summary} (the separate measurements said: {why})"
