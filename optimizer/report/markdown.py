@@ -8,7 +8,6 @@ everything from a report.json on disk (the pipeline calls it right after writing
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,9 @@ from typing import Any
 from optimizer.records.candidate import Candidate
 from optimizer.records.measurements import LIMITS
 from optimizer.records.tune_result import TuneResult
+from optimizer.report.markdown_tables import cell as _cell
+from optimizer.report.markdown_tables import ms as _ms
+from optimizer.report.markdown_tables import table as _table
 from optimizer.report.served_search_section import served_search_section
 
 log = logging.getLogger(__name__)
@@ -293,23 +295,7 @@ def _pcts(p: Any) -> str:
     return f"{_ms(p.p50_ms)} / {_ms(p.p95_ms)} / {_ms(p.p99_ms)}" if p else ""
 
 
-def _ms(value: Any) -> str:
-    if value is None:
-        return ""
-    v = float(value)
-    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
-
 
 def _num(value: Any) -> str:
     return f"{value:.2g}" if isinstance(value, float) else str(value)
 
-
-def _cell(text: str) -> str:
-    """Text that keeps a Markdown table intact: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)

@@ -6,13 +6,16 @@ optimizer/records/served_search.py): a few sentences on the load, the backend th
 the published point against the in-process rules' point and the prediction; then one table row per
 variant in measurement order, the published row marked. Skipped or off: one line with the reason.
 
-The table helpers are local: markdown.py imports this module, so importing its helpers back would be a cycle.
+The table helpers are the ones markdown.py uses too (markdown_tables.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
+
+from optimizer.report.markdown_tables import cell as _cell
+from optimizer.report.markdown_tables import ms as _ms
+from optimizer.report.markdown_tables import table as _table
 
 RULES_STAND = "the in-process rules stand"
 
@@ -134,19 +137,3 @@ def _value(value: Any) -> str:
     return "default" if value is None else str(value)
 
 
-def _ms(value: Any) -> str:
-    if value is None:
-        return ""
-    v = float(value)
-    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
-
-
-def _cell(text: str) -> str:
-    """Text that keeps a Markdown table intact: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
