@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.aitune-installed
 
-.PHONY: venv export test test-fast clean
+.PHONY: venv export test test-fast test-long clean
 
 venv: $(STAMP)
 
@@ -17,13 +17,17 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_system_deps.sh
 export: venv
 	$(BIN)/aitune-export export --overwrite $(ARGS)
 
-# The whole test suite (real exporters, a real tritonserver and perf_analyzer included).
+# The test suite (real exporters, a real tritonserver and perf_analyzer included), less the `long` tests.
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The long tests (marked `long`: fleets, Model Analyzer), which `make test` and CI leave out to stay under 25 minutes.
+test-long: venv
+	$(BIN)/python -m pytest -m long $(PYTEST_ARGS)
+
 # Only the tests that build nothing and start no server.
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not long" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) model_repository aitune-reports .pytest_cache

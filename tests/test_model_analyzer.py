@@ -187,6 +187,7 @@ def _stop_leftovers(token: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # about 80 s (Model Analyzer measures several configs): `make test-long`
 def test_model_analyzer_runs_the_yaml_as_written_and_measures_more_than_the_published_config(tmp_path: Path):
     """A real export (max batch 4, preferred size 4, warmup at 1 and 4), then `model-analyzer profile -f` on the YAML
     with only the search's concurrency and instance bounds narrowed on the command line (about 2-3 minutes on 2 cores)."""
