@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ from optimizer.triton.local_serving import local_config, needs_translation
 from optimizer.triton.model_config import canonical
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, find_perf_analyzer, run_perf_analyzer
 from optimizer.triton.repository import copy_model_tree
-from optimizer.triton.served_search.search import request_mix
+from optimizer.triton.served_search.search import WARMUP_PER_SLOT, request_mix
 from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, prepare_home
 from optimizer.triton.validation import find_export_report, resolve_target
 from optimizer.triton.validation.target import local_servability
@@ -169,7 +170,8 @@ def measure(server: LocalTritonServer, name: str, model_dir: Path, config: Any, 
         write_config(model_dir, canonical(local_config(config) if needs_translation(config) else config))  # torch_aoti: the stand-in
         server.reload(name)  # unload first: the python backend aborts when old and new stubs overlap
         settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=1000,
-                                stability_percentage=25, max_trials=6, timeout_s=120)
+                                stability_percentage=25, max_trials=6, timeout_s=120,
+                                warmup_requests=WARMUP_PER_SLOT * concurrency)  # as the served search warms each variant
         row = run_perf_analyzer(name, server.http_url, data, work, settings).best
         if row is None:
             raise ValidationError("perf_analyzer measured nothing")
@@ -255,6 +257,7 @@ def main() -> int:
     parser.add_argument("--model-analyzer", action="store_true", help="also run `model-analyzer profile` (remote mode) against the running server, if installed")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the server too, as Ctrl-C does
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     target = resolve_target(args.repo, args.model)

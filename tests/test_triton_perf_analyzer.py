@@ -120,3 +120,25 @@ def test_slow_models_get_longer_windows():
     assert window_for(settings, 1.0) == settings.measurement_interval_ms  # never shorter than asked
     assert window_for(settings, 150.0) == 3000  # about 20 requests per window
     assert window_for(settings, 5000.0) == MAX_WINDOW_MS
+
+
+@pytest.mark.slow
+def test_warm_up_requests_reach_the_server_before_the_measured_windows(tmp_path: Path):
+    """perf_analyzer 2.51 has no warm-up option: `warmup_requests` are sent by a separate run, seen by the server, and
+    not in the measured rows."""
+    from optimizer.triton.perf_analyzer import run_perf_analyzer
+    from optimizer.triton.server import LocalTritonServer
+    from tests.test_triton_server import write_double_model
+
+    repo = tmp_path / "repo"
+    write_double_model(repo)
+    data = write_input_data(tmp_path / "in.json", [{"x": np.ones((1, 3), np.float32)}], batching=True)
+    settings = PerfSettings(concurrency=ConcurrencyRange(2, 2), measurement_interval_ms=500, stability_percentage=100, max_trials=3,
+                            timeout_s=120, warmup_requests=300)
+    with LocalTritonServer(repo) as server:
+        server.load("double")
+        result = run_perf_analyzer("double", server.http_url, data, tmp_path / "pa", settings)
+        stats = server.client("http").get_inference_statistics("double")["model_stats"][0]
+    served = int(stats["inference_stats"]["success"]["count"])
+    measured = result.rows[0].inference_count
+    assert measured is not None and served >= measured + 300

@@ -262,6 +262,12 @@ def config_signature(artifact: Artifact) -> tuple[Signature, dict[str, str]]:
     return replace(sig, inputs=inputs, outputs=outputs), mapping
 
 
+@functools.lru_cache(maxsize=64)
+def _warn_once(message: str) -> None:
+    """The served search renders a config per variant; its warnings about the artifact are said once per run."""
+    log.warning("%s", message)
+
+
 def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | None = None,
                version_policy: dict[str, Any] | None = None, point: OperatingPoint | None = None) -> ConfigSpec:
     """The config of the selected candidate of a tuning result (no I/O: the record is all it needs).
@@ -288,11 +294,11 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
         if point.threads and platform.thread_parameter:
             parameters[platform.thread_parameter] = str(point.threads)
     if platform.key == "torch_aoti":
-        log.warning("%s | platform torch_aoti needs Triton 26.03 or later; the PyTorch backend's README says batch sizes above 1 "
-                    "are not supported for AOTInductor packages yet (max_batch_size %d)", cand.name, mbs)
+        _warn_once(f"{cand.name} | platform torch_aoti needs Triton 26.03 or later; the PyTorch backend's README says batch sizes "
+                   f"above 1 are not supported for AOTInductor packages yet (max_batch_size {mbs})")
     if any(k != v for k, v in renamed.items()):
-        log.warning("%s | %s addresses tensors by position: clients send %s", cand.name, platform.key,
-                    ", ".join(f"{k} (for {v})" for k, v in renamed.items()))
+        _warn_once(f"{cand.name} | {platform.key} addresses tensors by position: clients send "
+                   + ", ".join(f"{k} (for {v})" for k, v in renamed.items()))
     return ConfigSpec(
         name=name,
         platform=platform.platform,

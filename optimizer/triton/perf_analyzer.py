@@ -116,6 +116,7 @@ class PerfSettings:
     stability_percentage: int = 50
     max_trials: int = 10
     timeout_s: float = 900.0
+    warmup_requests: int = 0  # sent at the first level and discarded before measuring (perf_analyzer 2.51 has no warm-up option)
 
 
 @dataclass
@@ -221,6 +222,18 @@ def perf_analyzer_command(binary: Path, model: str, url: str, input_data: Path, 
     ]
 
 
+def warm_up(binary: Path, model: str, url: str, input_data: Path, settings: PerfSettings) -> None:
+    """Send `settings.warmup_requests` requests at the first concurrency level and discard them: a freshly loaded model's
+    first requests (thread pools, allocator, the stand-in's first call) would otherwise land in the first window."""
+    command = [str(binary), "-m", model, "-u", url, "-i", settings.protocol, "-b", str(settings.batch_size),
+               "--concurrency-range", f"{settings.concurrency.start}:{settings.concurrency.start}", "--input-data", str(input_data),
+               "--measurement-mode", "count_windows", "--measurement-request-count", str(settings.warmup_requests), "-s", "100", "-r", "1"]
+    try:  # its exit status says nothing about the measurement that follows (one window is never "stable")
+        subprocess.run(command, env=perf_analyzer_environment(), capture_output=True, stdin=subprocess.DEVNULL, timeout=settings.timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise ValidationError(f"perf_analyzer's warm-up of {settings.warmup_requests} requests did not finish within {settings.timeout_s:.0f} s.") from None
+
+
 def run_perf_analyzer(model: str, url: str, input_data: Path, workdir: Path, settings: PerfSettings) -> PerfResult:
     """Run one sweep and parse it; Ctrl-C or a timeout stops perf_analyzer before propagating.
 
@@ -232,6 +245,8 @@ def run_perf_analyzer(model: str, url: str, input_data: Path, workdir: Path, set
     binary = find_perf_analyzer()
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    if settings.warmup_requests:
+        warm_up(binary, model, url, input_data, settings)
     run = _run_once(binary, model, url, input_data, workdir / f"perf_analyzer_{model}.csv", settings)
     rows, outputs = {r.concurrency: r for r in run.rows}, [run.output]
     missing = [c for c in settings.concurrency.levels if c not in rows]

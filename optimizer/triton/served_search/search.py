@@ -40,6 +40,9 @@ CONFIRM_BELOW = 1.10
 """A variant that beats the best by less than 10% wins only if it still does after the best is measured again."""
 WINDOW_REQUESTS = 40
 """perf_analyzer windows hold about this many requests of the start variant (at least 1 s, at most 4 s)."""
+WARMUP_PER_SLOT = 4
+"""Each variant is warmed with this many requests per concurrent slot, discarded: without it the variant measured first
+after a load (the rules' point, on a cold server) pays the instances' first requests, and the search leans away from it."""
 
 
 @dataclass(frozen=True)
@@ -276,7 +279,7 @@ def _measure(server: LocalTritonServer, result: TuneResult, options: PublishOpti
         _write_config(model_dir, text, extra)
         server.reload(options.name)
         settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=window_ms,
-                                stability_percentage=25, max_trials=6, timeout_s=120.0)
+                                stability_percentage=25, max_trials=6, timeout_s=120.0, warmup_requests=WARMUP_PER_SLOT * concurrency)
         perf = run_perf_analyzer(options.name, server.http_url, input_data, workdir / "perf_analyzer", settings)
     except (ConfigRuleError, TemplateError, PublishError) as err:
         variant.status, variant.reason = "failed", f"the config is refused: {err}"
