@@ -72,8 +72,8 @@ def _valid_model(model_dir: Path) -> bool:
 
 def test_killing_an_export_at_random_moments_never_damages_the_repository(in_tmp: Path):
     args = [*CLI, "export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "4",
-            "--eager-gate", "disabled", "--cache-dir", str(in_tmp / "cache"), "--overwrite"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+            "--eager-gate", "disabled", "--cache-dir", str(in_tmp / "cache"), "--overwrite", "--serve-search-seconds", "6"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the cache makes runs 2+ reach the served search within the kill window
     assert subprocess.run(args, cwd=in_tmp, env=env, capture_output=True).returncode == 0
     model_dir = in_tmp / "model_repository" / "mlp"
     rng = random.Random(7)
@@ -90,6 +90,8 @@ def test_killing_an_export_at_random_moments_never_damages_the_repository(in_tmp
     time.sleep(1)
     orphans = subprocess.run(["pgrep", "-f", "optimizer.task"], capture_output=True, text=True).stdout.split()
     assert not [p for p in orphans if int(p) != os.getpid()], "no candidate process may outlive a killed run"
+    servers = subprocess.run(["pgrep", "-f", f"tritonserver.*{in_tmp}"], capture_output=True, text=True).stdout.split()
+    assert not servers, "no served-search tritonserver may outlive a killed run"
     assert subprocess.run(args, cwd=in_tmp, env=env, capture_output=True).returncode == 0
 
 
@@ -97,7 +99,6 @@ def test_sigterm_stops_cleanly_and_reports_the_interruption(in_tmp: Path):
     args = [*CLI, "export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--backend", "torchscript",
             "--max-batch-size", "64", "--no-cache"]
     proc = subprocess.Popen(args, cwd=in_tmp, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    report = in_tmp / "aitune-reports" / "mlp" / "candidates"
     deadline = time.monotonic() + 120
     while not (in_tmp / "aitune-reports" / "mlp" / "work" / "candidates").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -109,7 +110,6 @@ def test_sigterm_stops_cleanly_and_reports_the_interruption(in_tmp: Path):
     result = _result(in_tmp, "mlp")
     assert result["interrupted"] is True and result["selected"] is None
     assert not (in_tmp / "model_repository" / "mlp").exists()
-    assert not report.exists() or True
 
 
 def _limit_file_size(limit: int):
