@@ -17,6 +17,10 @@ import tomllib
 from optimizer.errors import SettingsError
 from optimizer.vocab import EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISIONS, STRATEGY_NAMES, WORKFLOWS
 
+DEFAULT_TRITON_RELEASE = "26.07"
+"""--triton-release's default: the `ARG RELEASE` docker/Dockerfile builds on, a row of records/triton_releases.py
+(tests keep the three equal). Its PyTorch backend's torch is the minor this project is developed with."""
+
 
 def _opt(default: Any, flag: str, help: str, *, multiple: bool = False, choices: tuple[str, ...] | None = None,
          secondary: str | None = None, metavar: str | None = None, group: str = "Optional") -> Any:
@@ -36,7 +40,7 @@ class ExportSettings:
     output_names: list[str] = _opt([], "--output-names", "Output names, comma-separated or repeated (default output__0, output__1, ...).", multiple=True, metavar="NAMES", group="Model")
     batching: bool = _opt(True, "--batching", "Axis 0 of every tensor is the batch axis (--no-batching for models that do not batch).", secondary="--no-batching", group="Model")
     samples: str | None = _opt(None, "--samples", "An .npz of real inputs (keys are input names, or NAME.K for several recorded requests).", metavar="FILE", group="Model")
-    repository: str = _opt("model_repository", "--repository", "The Triton model repository to publish into (created if missing).", metavar="DIR", group="Publish")
+    repository: str = _opt("model_repository", "--repository", "The Triton model repository to publish into: a folder (created if missing) or s3://BUCKET/PREFIX, s3://HOST:PORT/BUCKET/PREFIX (endpoint and credentials as for the aws CLI).", metavar="DIR|URL", group="Publish")
     name: str | None = _opt(None, "--name", "Model name in the repository (default: from MODEL).", metavar="NAME", group="Publish")
     version: int | None = _opt(None, "--version", "Add this version to an existing model, leaving its other versions alone.", metavar="N", group="Publish")
     overwrite: bool = _opt(False, "--overwrite", "Replace an existing model of the same name (an atomic swap).", secondary="--no-overwrite", group="Publish")
@@ -50,6 +54,8 @@ class ExportSettings:
     precision: str = _opt("fp32", "--precision", "Compute precision of the candidates (fp16/bf16 need --device cuda and are put into the exported graph; CPU candidates run fp32 only). Outputs are compared with the fp32 reference at the precision's tolerance.", choices=PRECISIONS, group="Tuning")
     tolerance: list[str] = _opt([], "--tolerance", "Accept this error against the reference: ATOL[,RTOL] for every output, or NAME=ATOL[,RTOL] for one (default per dtype: fp32 1e-4,1e-4). Repeatable.", multiple=True, metavar="[NAME=]ATOL[,RTOL]", group="Tuning")
     eager_gate: str = _opt("enabled", "--eager-gate", "enabled: a winner must beat eager PyTorch (else the best deployable one is published with a warning); diagnostic: report only; disabled: do not measure eager.", choices=EAGER_GATES, group="Tuning")
+    triton_release: str = _opt(DEFAULT_TRITON_RELEASE, "--triton-release", "The Triton release (YY.MM) that will serve the model: candidates it cannot load are skipped with the reason, and an explicit --backend whose artifact it cannot load (torch for .pt2, ONNX opset and IR, OpenVINO, TensorRT major.minor) is refused before anything is built (default: the release docker/Dockerfile builds on).", metavar="YY.MM", group="Tuning")
+    allow_version_mismatch: bool = _opt(False, "--allow-version-mismatch", "Build and publish even when the local toolchain does not match --triton-release (or the release's version is unconfirmed); the report records a warning.", secondary="--no-allow-version-mismatch", group="Tuning")
     max_batch_size: str = _opt("auto", "--max-batch-size", "The largest batch to publish: a number, or auto to search it per candidate.", metavar="N|auto", group="Measurement")
     latency_budget_ms: float | None = _opt(None, "--latency-budget-ms", "Latency budget per request in milliseconds (at --percentile).", metavar="MS", group="Measurement")
     percentile: int = _opt(95, "--percentile", "Latency percentile the budget applies to.", choices=tuple(map(str, PERCENTILES)), group="Measurement")

@@ -40,6 +40,9 @@ CNN = "optimizer.examples.cnn:build"
 TRANSFORMER = "optimizer.examples.transformer:build"
 TRANSFORMER_ARGS = ("--input", "input_ids:int64:1-128", "--value-range", "input_ids:0:999")
 LEAN = ("--max-batch-size", "4", "--eager-gate", "disabled")
+OV_ANY_VERSION = ("--allow-version-mismatch",)
+"""The pip openvino here may be newer than --triton-release's (then an explicit --backend openvino is refused); these
+tests are about OpenVINO itself, not the release gate (tests/test_triton_releases.py)."""
 
 
 def _load(spec: str):
@@ -164,7 +167,7 @@ def cli_runs(tmp_path_factory):
             with pytest.MonkeyPatch.context() as mp:
                 mp.delenv(CACHE_ENV, raising=False)  # so the run picks its own cache location
                 r = run_cli("export", spec, *extra, "--backend", "torch-aoti", "--backend", "openvino", "--strategy", "first-wins",
-                            *LEAN, cwd=cwd)
+                            *LEAN, *OV_ANY_VERSION, cwd=cwd)
             runs[spec] = (cwd, r, _report(cwd, default_name(spec)) if r.returncode == 0 else None)
         return runs[spec]
 
@@ -372,7 +375,7 @@ def test_api_publish_writes_a_config_triton_accepts(builds, backend, spec, tmp_p
 
 @pytest.mark.slow
 def test_cli_exports_openvino_for_the_cnn_when_this_cpu_computes_in_f32(in_tmp):
-    r = run_cli("export", CNN, "--backend", "openvino", *LEAN, cwd=in_tmp)
+    r = run_cli("export", CNN, "--backend", "openvino", *LEAN, *OV_ANY_VERSION, cwd=in_tmp)
     cand = _candidate(_report(in_tmp, "cnn"), "openvino")
     assert {c["point"] for c in cand["correctness"]["cases"]} == {p.label for p in _points(_load(CNN)[1])}
     model_dir = in_tmp / "model_repository" / "cnn"
@@ -500,7 +503,7 @@ def test_openvino_is_served_by_its_stand_in_in_the_real_tritonserver(in_tmp: Pat
     there, see README); the same tolerance is what validation compares with.
     """
     r = run_cli("export", "--backend", "openvino", "--tolerance", "0.05", "--max-batch-size", "4", "--eager-gate", "disabled",
-                "--validate", "--validate-concurrency", "1:2", cwd=in_tmp)
+                *OV_ANY_VERSION, "--validate", "--validate-concurrency", "1:2", cwd=in_tmp)
     assert r.returncode == 0, r.stderr
     validation = json.loads((in_tmp / "aitune-reports" / "cnn" / "validation.json").read_text())
     assert validation["status"] == "passed" and validation["loaded"] and validation["stand_in"]

@@ -41,6 +41,18 @@ def test_one_release_argument_feeds_both_stages():
     assert {"export-env", "export", "serve"} <= stages
 
 
+def test_default_release_is_the_default_triton_release_and_reaches_the_export():
+    """--triton-release defaults to the release the Dockerfile builds on, and the export stage targets the one it was given."""
+    from optimizer.records.triton_releases import DEFAULT_RELEASE
+
+    cmds = _commands()
+    first_from = next(i for i, c in enumerate(cmds) if c.cmd == "FROM")
+    (arg,) = [c.value[0] for c in cmds[:first_from] if c.cmd == "ARG" and c.value[0].startswith("RELEASE=")]
+    assert arg == f"RELEASE={DEFAULT_RELEASE}"
+    export = next(c.original for c in cmds if c.cmd == "RUN" and "aitune-export export" in c.original)
+    assert '--triton-release "${RELEASE}"' in export
+
+
 def test_server_stage_exposes_ports_checks_health_and_starts_tritonserver():
     cmds = _commands()
     serve = cmds[max(i for i, c in enumerate(cmds) if c.cmd == "FROM"):]

@@ -1,7 +1,8 @@
 """`aitune-export inspect`: what an export would use, without building anything.
 
 It loads MODEL and runs it on generated samples (that is how outputs are observed), then reports
-the signature, the candidates with their availability here, and the strategy's limits. Nothing
+the signature, the candidates with their availability here and what the target Triton release
+(--triton-release) can load, and the strategy's limits. Nothing
 is written: no report folder, no repository, no artifact.
 """
 
@@ -48,6 +49,7 @@ class Inspection:
     candidates: list[CandidatePlan]
     strategy: dict[str, Any]
     recorded_batch_sizes: list[int] = field(default_factory=list)
+    triton_release: dict[str, Any] = field(default_factory=dict)  # task/release_gate.ReleaseGate.to_json()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class Inspection:
             "candidates": [asdict(c) for c in self.candidates],
             "strategy": self.strategy,
             "recorded_batch_sizes": self.recorded_batch_sizes,
+            "triton_release": self.triton_release,
         }
 
 
@@ -79,7 +82,14 @@ def inspect_model(settings: ExportSettings) -> Inspection:
         av = eager.availability(device)
         plans.append(CandidatePlan(eager.candidate_name(device), eager.name, "baseline", None, None, bool(av),
                                    av.reason or f"measured as the baseline (eager gate {strategy.eager_gate})"))
-    for backend in strategy.backends_for_run(model.module, device, settings.precision, plan.cache_root):  # as export tries them
+    backends = strategy.backends_for_run(model.module, device, settings.precision, plan.cache_root)  # as export tries them
+    gate = plan.release_gate
+    for backend in backends:
+        refused = gate.refusal(backend) if gate is not None and model.format in backend.consumes else None
+        if refused is not None:  # export skips it (or, named with --backend, refuses the run) for this reason
+            plans.append(CandidatePlan(backend.candidate_name(device), backend.name, "candidate", backend.triton_platform,
+                                       backend.model_filename, False, refused.message()))
+            continue
         s = screen(backend, model.format, device)
         plans.append(CandidatePlan(s.name, backend.name, "candidate", backend.triton_platform, backend.model_filename, s.runnable, s.reason))
     policy = strategy.batch_policy(tuple(recorded))
@@ -112,6 +122,7 @@ def inspect_model(settings: ExportSettings) -> Inspection:
             "tolerance_overrides": {k or "*": {"atol": t.atol, "rtol": t.rtol} for k, t in overrides.items()},
         },
         recorded_batch_sizes=recorded,
+        triton_release=gate.to_json(backends) if gate is not None else {},
     )
 
 
@@ -141,6 +152,14 @@ def describe(inspection: Inspection) -> list[str]:
             dynamic = ", ".join(f"dims[{i}] {t['dims'][i]}" for i in t["dynamic_axes"]) or "none"
             values = f"  values {t['value_range'][0]:g}..{t['value_range'][1]:g}" if t["value_range"] else ""
             lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}  dynamic: {dynamic}{values}")
+    release = doc["triton_release"]
+    if release:
+        lines.append(f"triton      {release['summary']}" + ("; --allow-version-mismatch" if release["allow_version_mismatch"] else ""))
+        for check in release["checks"]:  # version caveats and what --allow-version-mismatch let through
+            if check["verdict"] in ("mismatch", "unknown") and release["allow_version_mismatch"]:
+                lines.append(f"  {check['backend']} {check['fact']}: {check['problem']} (allowed by --allow-version-mismatch)")
+            elif check["note"] and check["fact"] in ("torch", "tensorrt", "openvino"):
+                lines.append(f"  {check['backend']} {check['fact']}: {check['note']}")
     lines.append(f"candidates  (strategy {st['name']}, workflow {st['workflow']}, device {st['device']})")
     width = max((len(c["name"]) for c in doc["candidates"]), default=0)
     for c in doc["candidates"]:

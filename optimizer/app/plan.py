@@ -10,13 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optimizer.backend import backend_named
 from optimizer.backend.precision import check_precision
 from optimizer.errors import SettingsError
 from optimizer.machine import cache_root
 from optimizer.model.signature import InputSpec, parse_input_spec, parse_output_names, parse_value_range
 from optimizer.records.correctness import Tolerance
+from optimizer.records.triton_releases import release_named
 from optimizer.settings import ExportSettings
 from optimizer.task.correctness import parse_tolerances
+from optimizer.task.release_gate import ReleaseGate, local_toolchain, onnx_model_versions
 from optimizer.triton.publish import PublishOptions, check_options
 from optimizer.triton.repository import check_model_name
 from optimizer.tune_strategy import STRATEGIES, TuneStrategy
@@ -36,9 +39,35 @@ class RunPlan:
     output_names: list[str] = field(default_factory=list)
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     cache_root: Path = field(default_factory=cache_root)
+    release_gate: ReleaseGate | None = None  # --triton-release against this machine's toolchain
 
 
-def build_strategy(settings: ExportSettings) -> TuneStrategy:
+def build_release_gate(settings: ExportSettings) -> ReleaseGate:
+    """--triton-release as a gate: the release's row, this machine's toolchain and the run's facts that decide what it loads."""
+    model = Path(settings.model) if settings.model else None
+    return ReleaseGate(
+        release=release_named(settings.triton_release),
+        toolchain=local_toolchain(),
+        precision=settings.precision,
+        batching=settings.batching,
+        device=settings.device,
+        onnx_model=onnx_model_versions(model) if model is not None else None,
+        allow_mismatch=bool(settings.allow_version_mismatch),
+    )
+
+
+def _check_explicit_backends(settings: ExportSettings, gate: ReleaseGate) -> None:
+    """An explicit --backend the target release cannot load is refused now, in one line naming both versions and the fix."""
+    for name in settings.backend:
+        backend = backend_named(name).for_run(settings.precision)
+        if gate.onnx_model is not None and "onnx" not in backend.consumes:
+            continue  # it cannot build from an ONNX model at all; screening says so
+        check = gate.refusal(backend)
+        if check is not None:
+            raise SettingsError(f"--triton-release {gate.release.release}: {check.message()}")
+
+
+def build_strategy(settings: ExportSettings, release_gate: ReleaseGate | None = None) -> TuneStrategy:
     """The strategy object the settings describe (all argument errors surface here, before loading)."""
     if settings.strategy not in STRATEGIES:
         raise SettingsError(f"unknown strategy {settings.strategy!r}; choose from: {', '.join(STRATEGIES)}.")
@@ -49,6 +78,7 @@ def build_strategy(settings: ExportSettings) -> TuneStrategy:
         percentile=int(settings.percentile),
         memory_budget_mb=settings.memory_budget_mb(),
         workflow=settings.workflow,
+        release_gate=release_gate,
     )
     cls = STRATEGIES[settings.strategy]
     if settings.strategy == "one-backend":
@@ -76,16 +106,20 @@ def _check_gpu(device: Device) -> None:
 
 
 def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
-    """Check every setting once and return the plan; `publishing=False` (inspect) skips the publish-side checks."""
+    """Check every setting once and return the plan; `publishing=False` (inspect) skips the publish-side checks
+    (and shows a release mismatch of an explicit --backend instead of refusing it)."""
+    device = Device.parse(settings.device)
+    gate = build_release_gate(settings)
     plan = RunPlan(
         settings=settings,
-        device=Device.parse(settings.device),
-        strategy=build_strategy(settings),
+        device=device,
+        strategy=build_strategy(settings, gate),
         input_specs=[parse_input_spec(s) for s in settings.input],
         value_ranges=dict(parse_value_range(s) for s in settings.value_range),
         output_names=parse_output_names(settings.output_names),
         tolerances=parse_tolerances(settings.tolerance),
         cache_root=cache_root(settings.cache_dir),
+        release_gate=gate,
     )
     check_precision(settings.precision, plan.device)
     settings.check_serving()
@@ -95,6 +129,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         raise SettingsError("--workflow jit measures only the batch sizes recorded in --samples; add --samples FILE.npz.")
     if not publishing:
         return plan
+    _check_explicit_backends(settings, gate)
     if plan.device.is_cuda:
         _check_gpu(plan.device)
     if settings.name is not None:

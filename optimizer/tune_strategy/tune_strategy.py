@@ -22,7 +22,8 @@ from optimizer.records.tune_result import TuneResult
 from optimizer.task.context import TuneContext
 from optimizer.task.correctness import precision_tolerances
 from optimizer.task.paired import PairedComparison, close_contenders
-from optimizer.task.scheduler import CandidateScheduler
+from optimizer.task.release_gate import ReleaseGate
+from optimizer.task.scheduler import CandidateScheduler, ScheduleOutcome
 from optimizer.tune_strategy.mixin.find_max_batch_size_mixin import FindMaxBatchSizeMixin
 from optimizer.vocab import EAGER_GATES, WORKFLOWS, Device
 
@@ -44,6 +45,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         find_max_batch_size: bool = True,
         search_cap: int = 256,
         workflow: str = "aot",
+        release_gate: ReleaseGate | None = None,
     ) -> None:
         if eager_gate not in EAGER_GATES:
             raise SettingsError(f"eager gate {eager_gate!r} is not one of {', '.join(EAGER_GATES)}.")
@@ -51,6 +53,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             raise ValueError(f"workflow {workflow!r} is not one of 'aot' or 'jit'.")
         self.eager_gate = eager_gate
         self.workflow = workflow
+        self.release_gate = release_gate  # None: no target release is checked (the Python API without a plan)
         self._init_batch_policy(max_batch_size, latency_budget_ms, percentile, memory_budget_mb, find_max_batch_size, search_cap)
 
     # -- what subclasses decide -------------------------------------------------------------
@@ -96,7 +99,8 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
     def tune(self, ctx: TuneContext) -> TuneResult:
         """Hand the candidates to the scheduler (built side by side, measured alone), then select.
 
-        Eager PyTorch is measured too unless the gate is disabled; it is the bar, never published.
+        Eager PyTorch is measured too unless the gate is disabled; it is the bar, never published. Candidates the
+        target Triton release cannot load (`release_gate`) are skipped with the reason before anything is built.
         """
         t0 = time.perf_counter()
         backends = self.backends_for_run(ctx.model.module, ctx.device, ctx.precision, ctx.cache_root)
@@ -107,9 +111,11 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             )
         deadline = time.time() + ctx.time_budget_s if ctx.time_budget_s else None
         scheduler = CandidateScheduler(ctx, self.batch_policy(ctx.recorded_batch_sizes), self.memory_budget_mb, deadline)
-        run = scheduler.run(backends, measure_eager=self.wants_eager(ctx.model.format))
+        refused = self._release_refusals(backends, ctx)
+        runnable = [b for b in backends if b.name not in refused]
+        run = scheduler.run(runnable, measure_eager=self.wants_eager(ctx.model.format)) if runnable else ScheduleOutcome([], None, False)
         order = {b.name: i for i, b in enumerate(backends)}
-        candidates = sorted(run.candidates, key=lambda c: order.get(c.backend, len(order)))
+        candidates = sorted([*refused.values(), *run.candidates], key=lambda c: order.get(c.backend, len(order)))
         warnings: list[str] = []
         settled = None
         if run.interrupted:
@@ -118,6 +124,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             passed = [c for c in candidates if c.passed]
             settled = self._settle(scheduler, passed)
             selected, reason = self._select(passed, run.eager, warnings, settled)
+            warnings += self._mismatch_warnings(selected, backends)
             ctx.on_event(Event("select", "done" if selected else "failed", selected.name if selected else "", reason))
         libraries: dict[str, str] = {}
         for c in [*candidates, *([run.eager] if run.eager else [])]:
@@ -144,7 +151,33 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             interrupted=run.interrupted,
             tolerances=self._tolerances_of(selected, ctx),
             comparison=settled.to_json() if not run.interrupted and settled is not None else None,
+            triton_release=self.release_gate.to_json(backends) if self.release_gate is not None else None,
         )
+
+    def _release_refusals(self, backends: Sequence[Backend], ctx: TuneContext) -> dict[str, Candidate]:
+        """Candidates the target release cannot load, as skipped Candidates with the reason (backend name -> Candidate).
+
+        Only backends that could build from this model are judged: one that cannot is screened out with that reason.
+        """
+        if self.release_gate is None:
+            return {}
+        refused = {}
+        for b in backends:
+            check = self.release_gate.refusal(b) if ctx.model.format in b.consumes else None
+            if check is not None:
+                name = b.candidate_name(ctx.device)
+                refused[b.name] = Candidate(name, b.name, str(ctx.device), status="skipped", stage="release", reason=check.message())
+                ctx.on_event(Event("build", "skipped", name, check.message()))
+        return refused
+
+    def _mismatch_warnings(self, selected: Candidate | None, backends: Sequence[Backend]) -> list[str]:
+        """One warning per check --allow-version-mismatch let through for the published candidate."""
+        backend = next((b for b in backends if selected is not None and b.name == selected.backend), None)
+        if self.release_gate is None or backend is None:
+            return []
+        release = self.release_gate.release.release
+        return [f"published {c.backend} although Triton {release} may not load it (--allow-version-mismatch): {c.problem}."
+                for c in self.release_gate.overridden(backend)]
 
     @staticmethod
     def _tolerances_of(selected: Candidate | None, ctx: TuneContext) -> dict[str, list[float]]:
