@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -47,3 +48,86 @@ def tree_snapshot(path: Path) -> dict[str, tuple[int, int]]:
         for p in sorted(path.rglob("*"))
         if p.is_file() and ".cache" not in p.relative_to(path).parts
     }
+
+
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "aitune-test", "AWS_SECRET_ACCESS_KEY": "aitune-test-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+"""What the tests give boto3 and tritonserver for moto's server (which accepts any credentials)."""
+
+
+class MotoS3:
+    """A real S3 API on loopback (moto's server mode): its endpoint and a boto3 client for arranging and inspecting buckets."""
+
+    def __init__(self, port: int) -> None:
+        import boto3
+
+        self.port = port
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                   aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+        self._count = 0
+
+    def bucket(self) -> str:
+        """A new, empty bucket (one per test: tests never see each other's objects)."""
+        self._count += 1
+        name = f"aitune-test-{self._count}"
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def url(self, bucket: str, prefix: str = "repo") -> str:
+        """Triton's form of a repository in `bucket`: s3://127.0.0.1:PORT/BUCKET/PREFIX."""
+        return f"s3://127.0.0.1:{self.port}/{bucket}/{prefix}".rstrip("/")
+
+    def objects(self, bucket: str, prefix: str = "") -> dict[str, str]:
+        """Key -> ETag of every object under `prefix`."""
+        out = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            out.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
+        return out
+
+    def read(self, bucket: str, key: str) -> bytes:
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoS3]:
+    """`python -m moto.server` on a free loopback port for the whole session, stopped (and waited for) at its end."""
+    import socket
+    import time
+    import urllib.request
+
+    pytest.importorskip("moto", reason="moto[server] is not installed: pip install 'aitune-export[test]'")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start on port {port} (exit status {proc.poll()})") from None
+                time.sleep(0.1)
+        yield MotoS3(port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def s3(moto_server: MotoS3, monkeypatch: pytest.MonkeyPatch) -> MotoS3:
+    """moto's S3 with this test's environment holding credentials for it (and no AWS endpoint or profile of the machine's)."""
+    for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aitune-test-aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aitune-test-aws-credentials")
+    return moto_server

@@ -8,15 +8,15 @@ from optimizer.errors import PublishError
 from optimizer.machine import cache_root
 from optimizer.records.report_file import read_report
 from optimizer.records.served_search import ServedSearch
-from optimizer.triton.publish import PublishOptions, check_options, publish
+from optimizer.triton.publish import PublishOptions, check_options, publish, repository_argument
 from optimizer.triton.repository import Published
 
 
-def republish(report: Path, repository: Path | None = None, name: str | None = None, version: int | None = None,
+def republish(report: Path, repository: Path | str | None = None, name: str | None = None, version: int | None = None,
               overwrite: bool | None = None, template_dir: Path | None = None, warmup: bool | None = None) -> Published:
     """`aitune-export publish REPORT.json`: re-emit the repository of a finished run without re-tuning.
 
-    Options left None come from the run's settings; the artifacts the report names must still exist. The
+    `repository` may be a folder or an s3:// URL. Options left None come from the run's settings; the artifacts the report names must still exist. The
     operating point the run's served search chose is published again (no server is started).
     """
     result, settings, doc = read_report(report)
@@ -26,7 +26,7 @@ def republish(report: Path, repository: Path | None = None, name: str | None = N
         raise PublishError(f"the run in {report} selected no candidate, so there is nothing to publish; see its candidates' reasons.")
     templates = template_dir or (Path(settings.template_dir) if settings.template_dir else None)
     options = PublishOptions(
-        repository=repository or Path(settings.repository),
+        repository=repository_argument(repository or settings.repository),
         name=name or settings.name or result.model_name,
         version=version,
         overwrite=bool(overwrite),

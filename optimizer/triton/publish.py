@@ -3,6 +3,8 @@
 The config depends on what is already in the repository (versions, the served platform), so it is
 rendered under the repository lock; a template error or a broken rule stops the run there, before
 anything is written. The Model Analyzer config goes next to the report, outside the repository.
+A repository in object storage (s3://) gets the same rendering and checks; the model is assembled in a
+local staging folder and uploaded in the order object_store/upload.py explains.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton import config_rules
 from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
+from optimizer.triton.object_store.location import parse_location, store_url
 from optimizer.triton.repository import (
     ModelFiles,
     Published,
     RepositoryState,
     check_model_name,
     check_repository,
+    check_target_free,
     publish_model,
 )
 
@@ -39,7 +43,7 @@ class PublishOptions:
     choice) replaces the in-process rules' one; `served_search` is recorded with the published model.
     """
 
-    repository: Path
+    repository: Path | str  # a folder, or an s3:// URL (object_store/location.py)
     name: str
     version: int | None = None
     overwrite: bool = False
@@ -52,9 +56,31 @@ class PublishOptions:
 
 
 def check_options(options: PublishOptions) -> None:
-    """Reject a bad name or repository before any tuning work starts."""
+    """Reject a bad name or repository before any tuning work starts (an s3:// bucket must answer with these credentials)."""
     check_model_name(options.name)
-    check_repository(options.repository)
+    url = store_url(options.repository)
+    if url is None:
+        check_repository(Path(options.repository))
+        return
+    from optimizer.triton.object_store.client import ObjectStore
+
+    ObjectStore(parse_location(url)).check()
+
+
+def check_target(repository: Path | str, name: str, version: int | None, overwrite: bool) -> None:
+    """Before tuning: publishing `name` would not be refused (the no-clobber rule), in a folder or in object storage."""
+    url = store_url(repository)
+    if url is None:
+        check_target_free(Path(repository), name, version, overwrite)
+        return
+    from optimizer.triton.object_store.upload import check_store_target
+
+    check_store_target(parse_location(url), name, version, overwrite)
+
+
+def repository_argument(value: str | Path) -> Path | str:
+    """A --repository value as the publisher takes it: the s3:// URL as text (a Path would fold its '//'), else a Path."""
+    return store_url(value) or Path(value)
 
 
 def version_policy_for(state: RepositoryState) -> dict[str, Any] | None:
@@ -157,14 +183,22 @@ def publish(result: TuneResult, options: PublishOptions) -> Published:
         specs.append(spec)
         return ModelFiles(text, files, extra)
 
-    published = publish_model(options.repository, options.name, build, options.version, options.overwrite)
+    url = store_url(options.repository)
+    if url is None:
+        published = local = publish_model(Path(options.repository), options.name, build, options.version, options.overwrite)
+    else:
+        from optimizer.triton.object_store.upload import publish_to_store
+
+        staging = options.report_dir / "work" / "object_store" if options.report_dir is not None else None
+        published, staged = publish_to_store(parse_location(url), options.name, build, options.version, options.overwrite, staging)
+        local = replace(published, model_dir=staged)  # what was uploaded, on this machine (Model Analyzer's base repository)
     spec = specs[-1]
     published.config = spec.to_json()
     published.served_search = options.served_search.to_json() if options.served_search is not None else None
     if options.report_dir is not None:
         from optimizer.triton.model_analyzer import write_model_analyzer_config
 
-        path = write_model_analyzer_config(options.report_dir, published, result, spec, options.cache_dir)
+        path = write_model_analyzer_config(options.report_dir, local, result, spec, options.cache_dir)
         published.model_analyzer_config = str(path)
         published.perf_analyzer_input = _write_perf_analyzer_input(options.report_dir, result)
     return published

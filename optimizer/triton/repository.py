@@ -108,18 +108,23 @@ def existing_versions(model_dir: Path) -> list[int]:
 def check_target_free(repository: Path, name: str, version: int | None, overwrite: bool) -> None:
     """Fail early (before tuning, and again under the lock) when publishing would be refused: the model exists and
     neither --version nor --overwrite says what to do, or the version is taken."""
-    if version is not None and version < 1:
-        raise PublishError(f"--version {version} must be >= 1 (Triton ignores version directories starting with 0).")
     target = repository / name
     if target.exists() and not target.is_dir():
         raise PublishError(f"{str(target)!r} exists and is not a directory; remove it or choose another --name.")
-    if not target.exists() or overwrite:
+    check_free(name, str(repository), target.exists(), existing_versions(target), version, overwrite)
+
+
+def check_free(name: str, where: str, exists: bool, versions: list[int], version: int | None, overwrite: bool) -> None:
+    """The no-clobber rule, wherever the repository is (a folder or object storage): an existing model changes only with
+    --overwrite, or gains a --version it does not have yet."""
+    if version is not None and version < 1:
+        raise PublishError(f"--version {version} must be >= 1 (Triton ignores version directories starting with 0).")
+    if not exists or overwrite:
         return
-    versions = existing_versions(target)
     nxt = (max(versions) + 1) if versions else 1
     if version is None:
         raise PublishError(
-            f"model {name!r} already exists in {str(repository)!r}; nothing was changed. "
+            f"model {name!r} already exists in {where!r}; nothing was changed. "
             f"Add it as a new version with --version {nxt}, replace it with --overwrite, or choose another --name."
         )
     if version in versions:
@@ -303,7 +308,7 @@ class ModelFiles:
 class Published:
     """Where a model landed, and the records that explain its config."""
 
-    model_dir: Path
+    model_dir: Path | str  # the model folder, or its s3:// URL in object storage
     version: int
     replaced: bool
     versions: list[int] = field(default_factory=list)
@@ -311,12 +316,14 @@ class Published:
     model_analyzer_config: str | None = None
     perf_analyzer_input: str | None = None  # --input-data JSON of the run's real samples, in the config's tensor names
     served_search: dict[str, Any] | None = None  # records.served_search.ServedSearch: every variant measured in the server
+    kserve_manifest: str | None = None  # fleet.manifests: the InferenceService beside the report
 
     def to_json(self) -> dict[str, Any]:
         """The record report.json keeps under "published"."""
         return {"model_dir": str(self.model_dir), "version": self.version, "replaced": self.replaced, "versions": self.versions,
                 "config": self.config, "model_analyzer_config": self.model_analyzer_config,
-                "perf_analyzer_input": self.perf_analyzer_input, "served_search": self.served_search}
+                "perf_analyzer_input": self.perf_analyzer_input, "served_search": self.served_search,
+                "kserve_manifest": self.kserve_manifest}
 
 
 def publish_model(repository: Path, name: str, build: Callable[[RepositoryState], ModelFiles], version: int | None,

@@ -215,7 +215,9 @@ class LocalTritonServer:
     """A real tritonserver on free loopback ports serving `repository`; a context manager that always stops it.
 
     Args:
-        repository: the model repository (nothing is written into it).
+        repository: the model repository (nothing is written into it): a folder, or an s3:// URL in the form Triton's core
+            reads (s3://host:port/bucket/prefix for an endpoint of one's own).
+        env: variables added to the server's environment (the AWS_* credentials and region for an s3:// repository).
         log_path: where the server log goes (default: a temporary file removed with the server).
         startup_timeout_s: how long the server may take to answer /v2/health/live.
         load_timeout_s: how long loading one model may take.
@@ -224,9 +226,11 @@ class LocalTritonServer:
     exit_timeout_s = 10
     start_attempts = 3
 
-    def __init__(self, repository: Path, *, log_path: Path | None = None, startup_timeout_s: float = 120.0,
-                 load_timeout_s: float = 300.0, home: ServerHome | None = None) -> None:
-        self.repository = Path(repository).resolve()
+    def __init__(self, repository: Path | str, *, log_path: Path | None = None, startup_timeout_s: float = 120.0,
+                 load_timeout_s: float = 300.0, home: ServerHome | None = None, env: dict[str, str] | None = None) -> None:
+        remote = isinstance(repository, str) and repository.startswith("s3://")
+        self.repository: Path | str = repository if remote else Path(repository).resolve()
+        self._env = dict(env or {})
         self.startup_timeout_s = startup_timeout_s
         self.load_timeout_s = load_timeout_s
         self._home = home
@@ -278,7 +282,7 @@ class LocalTritonServer:
 
     def start(self) -> None:
         """Start the server and wait until it is live (no model is loaded yet: see `load`)."""
-        if not self.repository.is_dir():
+        if isinstance(self.repository, Path) and not self.repository.is_dir():
             raise ValidationError(f"model repository {str(self.repository)!r} is not a directory.")
         install = find_triton()
         self.home = self._home or prepare_home(install)
@@ -286,7 +290,7 @@ class LocalTritonServer:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        env = server_environment(install)
+        env = {**server_environment(install), **self._env}
         failure = None
         for _ in range(self.start_attempts):
             failure = self._start_once(env)

@@ -40,18 +40,32 @@ def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | 
     folder as published (the export's --report-dir default, or a custom one beside the repository)."""
     if hint is not None and (hint / "report.json").is_file():
         return hint / "report.json"
-    model_dir = (target.repository / target.name).resolve()
+    model_dir = _model_key(f"{target.repository}/{target.name}") if target.remote else (Path(target.repository) / target.name).resolve()
     matches: set[Path] = set()
-    for base in (Path.cwd(), target.repository.parent):
+    for base in (Path.cwd(),) if target.remote else (Path.cwd(), Path(target.repository).parent):
         for path in [*base.glob("aitune-reports/*/report.json"), *base.glob("*/report.json")]:
             try:
                 published = json.loads(path.read_text()).get("published") or {}
             except (OSError, ValueError):
                 continue
-            if published.get("model_dir") and Path(published["model_dir"]).resolve() == model_dir:
+            recorded = published.get("model_dir")
+            if recorded and (_model_key(recorded) if target.remote else Path(recorded).resolve()) == model_dir:
                 matches.add(path.resolve())
     # several exports may have published this folder (--overwrite, another --report-dir): the latest one wrote it
     return max(matches, key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
+
+
+def _model_key(model_url: str) -> tuple[str, str] | None:
+    """An s3:// model URL as (bucket, key): the same model whether the URL names the endpoint or the environment does."""
+    from optimizer.triton.object_store.location import parse_location, store_url
+
+    if store_url(model_url) is None:
+        return None
+    try:
+        location = parse_location(model_url)
+    except SettingsError:
+        return None
+    return location.bucket, location.prefix
 
 
 def load_export_reference(report_path: Path) -> ExportReference:

@@ -29,7 +29,7 @@ BUSY_SHARE = 0.25
 
 
 def validate(
-    repository: Path,
+    repository: Path | str,
     model: str | None = None,
     *,
     url: str | None = None,
@@ -43,6 +43,7 @@ def validate(
     """Validate one model of `repository`; returns the record (also written as validation.json).
 
     Args:
+        repository: a model repository folder, or an s3:// URL (a local server then reads the model from object storage).
         url: HOST:PORT of a running Triton speaking `protocol`; None starts a LocalTritonServer on `repository`.
         protocol: what perf_analyzer (and, with `url`, the answer check) uses; a local server is also
             checked over the other protocol.
@@ -90,13 +91,18 @@ def validate(
         try:
             if url is None:
                 home = prepare_home(find_triton(), homes_root(cache_dir))
-                served = _locally_servable(target, work, record)
+                incomplete = incomplete_publish(target)
+                served = _locally_servable(target, work, record) if not incomplete else target
                 reason = local_servability(served, home)
-                if reason:
-                    record.status, record.reason = "not validated", reason
+                if incomplete or reason:
+                    record.status, record.reason = ("failed", incomplete) if incomplete else ("not validated", reason)
                 else:
                     record.stand_in = served.backend in home.stand_ins()
-                    with LocalTritonServer(served.repository, log_path=work / "tritonserver.log", home=home) as server:
+                    where, env = served.repository, None
+                    if served.remote:  # Triton's own S3 client reads the model, with the credentials boto3 resolved
+                        where, env = served.store.triton_url(), served.store.triton_environment()
+                        record.notes.append(f"served from object storage: tritonserver --model-repository {where}")
+                    with LocalTritonServer(where, log_path=work / "tritonserver.log", home=home, env=env) as server:
                         record.server = f"local tritonserver {server_version(server)} at {server.http_url} (http) / {server.grpc_url} (grpc)"
                         clients = {"http": server.client("http"), "grpc": server.client("grpc")}
                         urls = {"http": server.http_url, "grpc": server.grpc_url}
@@ -186,14 +192,28 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
 
 
 def _locally_servable(target: ModelTarget, work: Path, record: ValidationRecord) -> ModelTarget:
-    """The target itself, or (a platform the local core does not know) a private translated copy of it."""
+    """The target itself, or (a platform the local core does not know) a private translated copy of it; a model in object
+    storage is downloaded for that copy (the stand-in reads the translated config beside the files)."""
     if not needs_translation(target.config):
         return target
     config = local_config(target.config)
     repository = work / "repository"
-    private_model(target.repository / target.name, repository, target.name, canonical(config))
+    source = Path(target.repository) / target.name if not target.remote else target.store.download(target.name, work / "download" / target.name)
+    private_model(source, repository, target.name, canonical(config))
     record.notes.append(translation_note(target.config))
+    if target.remote:
+        record.notes.append(f"the model was downloaded from {target.repository}/{target.name} for that copy; Triton read it locally")
     return ModelTarget(repository, target.name, config)
+
+
+def incomplete_publish(target: ModelTarget) -> str:
+    """For a model in object storage: why its files are not those its manifest lists ("" when they are, or there is no manifest)."""
+    if not target.remote:
+        return ""
+    from optimizer.triton.object_store.upload import manifest_mismatch
+
+    problem = manifest_mismatch(target.store, target.name)
+    return f"incomplete publish at {target.repository}/{target.name}: {problem}; publish it again." if problem else ""
 
 
 def default_sweep(reference: ExportReference | None) -> ConcurrencyRange:

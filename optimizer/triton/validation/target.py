@@ -1,4 +1,4 @@
-"""What is being validated: the model in the repository, whether the local server can serve it, and where the record goes."""
+"""What is being validated: the model in the repository (a folder or s3://), whether the local server can serve it, and where the record goes."""
 
 from __future__ import annotations
 
@@ -6,19 +6,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optimizer.errors import RepositoryError, TemplateError
+from optimizer.errors import RepositoryError, SettingsError, TemplateError
 from optimizer.records.triton_platforms import PLATFORMS
+from optimizer.triton.object_store.location import store_url
 from optimizer.triton.repository import outside_repository
 from optimizer.triton.server import ServerHome
 
 
 @dataclass
 class ModelTarget:
-    """One model in a repository: its folder and the parsed config.pbtxt."""
+    """One model in a repository: its folder (or the repository's s3:// URL) and the parsed config.pbtxt."""
 
-    repository: Path
+    repository: Path | str
     name: str
     config: Any  # tritonclient.grpc.model_config_pb2.ModelConfig
+    store: Any = None  # object_store.ObjectStore when the repository is in object storage
+
+    @property
+    def remote(self) -> bool:
+        """Whether the model lives in object storage (the local server reads it from there)."""
+        return self.store is not None
 
     @property
     def platform(self) -> str:
@@ -37,9 +44,12 @@ class ModelTarget:
 
 
 def resolve_target(repository: Path, model: str | None) -> ModelTarget:
-    """REPO and --model -> the model to validate. REPO may also be a model folder (one holding config.pbtxt)."""
+    """REPO and --model -> the model to validate. REPO may also be a model folder (one holding config.pbtxt), or an s3:// URL."""
     from optimizer.triton.model_config import parse
 
+    url = store_url(repository)
+    if url is not None:
+        return _resolve_store_target(url, model)
     repository = Path(repository)
     if not repository.is_dir():
         raise RepositoryError(f"REPO {str(repository)!r} is not a directory; give the Triton model repository the export published into.")
@@ -61,15 +71,46 @@ def resolve_target(repository: Path, model: str | None) -> ModelTarget:
     return ModelTarget(repository.resolve(), model, config)
 
 
+def _resolve_store_target(url: str, model: str | None) -> ModelTarget:
+    """The model to validate in an s3:// repository: its models are the folders holding a config.pbtxt."""
+    from optimizer.triton.model_config import parse
+    from optimizer.triton.object_store import ObjectStore, parse_location
+
+    location = parse_location(url, "REPO")
+    store = ObjectStore(location, RepositoryError)
+    store.check()
+    configs = {name: text for name in store.folders() if (text := store.read(f"{name}/config.pbtxt")) is not None}
+    models = sorted(configs)
+    if model is None:
+        if len(models) != 1:
+            raise RepositoryError(f"{location.url!r} holds {len(models)} models ({', '.join(models) or 'none'}); choose one with --model NAME.")
+        model = models[0]
+    if model not in configs:
+        raise RepositoryError(f"model {model!r} is not in {location.url!r} (no {model}/config.pbtxt); models there: {', '.join(models) or 'none'}.")
+    where = f"{location.model_url(model)}/config.pbtxt"
+    try:
+        config = parse(configs[model].decode(errors="replace"), where)
+    except TemplateError as err:
+        raise RepositoryError(str(err)) from err
+    return ModelTarget(location.url, model, config, store)
+
+
 def output_folder(target: ModelTarget, report_dir: Path | None, export_report: Path | None) -> Path:
-    """--report, else the export's report folder, else <repository's parent>/aitune-reports/NAME; never inside the repository."""
+    """--report, else the export's report folder, else <repository's parent>/aitune-reports/NAME (./aitune-reports/NAME for
+    object storage); never inside the repository."""
     if report_dir is not None:
         folder = Path(report_dir)
     elif export_report is not None:
         folder = export_report.parent
+    elif target.remote:
+        folder = Path("aitune-reports") / target.name
     else:
-        folder = target.repository.parent / "aitune-reports" / target.name
-    return outside_repository(folder, target.repository, "--report")
+        folder = Path(target.repository).parent / "aitune-reports" / target.name
+    if target.remote:
+        if folder.exists() and not folder.is_dir():
+            raise SettingsError(f"--report {str(folder)!r} is a file; give a folder.")
+        return folder
+    return outside_repository(folder, Path(target.repository), "--report")
 
 
 def local_servability(target: ModelTarget, home: ServerHome) -> str:
