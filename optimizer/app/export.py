@@ -27,8 +27,8 @@ from optimizer.task.cache import ArtifactCache
 from optimizer.task.context import TuneContext
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
-from optimizer.triton.publish import PublishOptions, publish
-from optimizer.triton.repository import Published, check_model_name, check_target_free, outside_repository
+from optimizer.triton.publish import PublishOptions, check_target, publish, repository_argument
+from optimizer.triton.repository import Published, check_model_name, outside_repository
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     model = _load(settings, module, example_inputs)
     name = settings.name if settings.name is not None else model.name
     check_model_name(name)
-    check_target_free(Path(settings.repository), name, settings.version, settings.overwrite)
+    check_target(repository_argument(settings.repository), name, settings.version, settings.overwrite)
     report_dir = report_dir_for(settings, name)
     on_event(Event("load", "done", message=f"{model.name} ({model.format})", elapsed_s=time.perf_counter() - t0))
 
@@ -116,7 +116,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         raise NoCandidateError(_no_candidate_message(result, report_path))
 
     # 5. serve search, publish, then report
-    options = PublishOptions(Path(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
+    options = PublishOptions(repository_argument(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
                              Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
                              cache_dir=plan.cache_root)
     try:
@@ -129,6 +129,9 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         write_report_files(report_path)
         raise
     on_event(Event("publish", "done", result.selected, f"{published.model_dir} version {published.version}"))
+    from optimizer.fleet.manifests import record_manifests  # kserve/inferenceservice.yaml beside the report
+
+    record_manifests(report_dir, published, settings.triton_release)
     write_report(report_path, result, settings, published)
     rendered = write_report_files(report_path)  # report.md and the plots, beside report.json
     on_event(Event("report", "done", message=f"{report_path} (+ {', '.join(p.name for p in [rendered.markdown, *rendered.plots.values()])})"))
@@ -136,7 +139,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
         from optimizer.triton.validation import validate
 
-        validation = validate(Path(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir,
+        validation = validate(repository_argument(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir,
                               on_event=on_event, cache_dir=plan.cache_root)
         write_report_files(report_path)  # again, now with the validation section
     return ExportOutcome(result, published, report_path, validation)

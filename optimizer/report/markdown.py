@@ -95,6 +95,7 @@ def render_markdown(
     ]
     if validation is not None:
         parts.append(validation_section(validation))
+    parts.append(_triton_release(result))
     parts.append(_environment(result))
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
 
@@ -113,7 +114,7 @@ def _summary(result: TuneResult, settings: dict[str, Any], published: dict[str, 
     if result.selected:
         art = result.selected_candidate.artifact
         platform = f" as Triton platform `{art.triton_platform}`" if art and art.triton_platform else ""
-    lines.append(f"{where}{platform}.")
+    lines.append(f"{where}{platform}." + (f" KServe manifest: `{published['kserve_manifest']}`." if (published or {}).get("kserve_manifest") else ""))
     lines.append(
         f"Strategy `{result.strategy}` ({result.workflow}) on `{result.device}`, eager gate {result.eager_gate}"
         + (f", latency budget p{result.percentile} <= {result.latency_budget_ms:g} ms" if result.latency_budget_ms else "")
@@ -272,6 +273,26 @@ def validation_section(validation: dict[str, Any]) -> str:
                 cells.append(f"{thr / float(predicted):.2f}x")
             table.append(cells)
         lines += ["", _table(header, table)]
+    return "\n".join(lines)
+
+
+def _triton_release(result: TuneResult) -> str:
+    """The target release, and what was checked of the published candidate against it (task/release_gate.py)."""
+    block = result.triton_release
+    if not block:
+        return ""
+    lines = [f"## Target: Triton {block['release']}", "", f"- {_cell(block['summary'])}."]
+    if block.get("allow_version_mismatch"):
+        lines.append("- `--allow-version-mismatch` was given: mismatches below were published anyway (see the warnings above).")
+    skipped = [c.name for c in result.candidates if c.stage == "release"]
+    if skipped:
+        lines.append(f"- Skipped because this release cannot load them (the reason is in the candidates table): {', '.join(skipped)}.")
+    chosen = result.selected_candidate.backend if result.selected else None
+    rows = [[c["fact"], c["local"], c["release"], c["verdict"], c["note"] or c["problem"]]
+            for c in block.get("checks", []) if c["backend"] == chosen]
+    if rows:
+        lines += ["", f"Checks of {result.selected} against the release:", "",
+                  _table(("fact", "here", "in the release", "verdict", "note"), rows)]
     return "\n".join(lines)
 
 
