@@ -173,6 +173,42 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
         _run_guarded(outcome.validation.raise_for_status)
 
 
+@main.command("export-many")
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--report-dir", type=click.Path(file_okay=False),
+              help="Folder of the fleet report (fleet.json, report.md); each model reports into NAME/ below it "
+                   "(default: the plan's report-dir, else aitune-reports/fleet).")
+@click.option("--index", type=click.IntRange(min=0), metavar="N",
+              help="Run only the plan's model N (0-based, in plan order) here, whatever the plan's executor: "
+                   "one pod of a Kubernetes Indexed Job ($JOB_COMPLETION_INDEX).")
+@click.option("--force", is_flag=True, help="Export every model again, also those unchanged since the last run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet record (fleet.json) on stdout.")
+@click.pass_context
+def export_many(ctx: click.Context, plan: str, report_dir: str | None, index: int | None, force: bool, as_json: bool) -> None:
+    """Export every model of PLAN into one repository, one after another or as Ray tasks, and write a fleet report.
+
+    PLAN is a TOML file: repository, executor ("local", or "ray" with address), settings keys every model
+    shares, and one [models.NAME] table per model with the keys of the settings file. A failed model never
+    stops the others; a model unchanged since the last run is not exported again. Exit status 0 when every
+    model is published or unchanged, 1 when one failed, 2 for a bad plan, 130 when interrupted.
+    """
+    from optimizer.app.export_many import export_many as run_many
+    from optimizer.fleet.plan import load_plan
+    from optimizer.fleet.progress import FleetProgress, outcome_line
+
+    checked = _run_guarded(lambda: load_plan(Path(plan), report_dir))
+    count = 1 if index is not None else len(checked.models)
+    with FleetProgress(count, ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
+        fleet = _run_guarded(lambda: run_many(checked, index=index, force=force, on_start=progress.started, on_done=progress.finished))
+    if as_json:
+        click.echo(fleet.json_path.read_text())
+    else:
+        for o in fleet.outcomes:
+            click.echo(f"{o.name}: {outcome_line(o)}")
+        click.echo(f"fleet report {fleet.markdown_path}")
+    _run_guarded(fleet.raise_for_status)
+
+
 @main.command()
 @click.option("--device", default="cpu", show_default=True, help="Device to check availability on: cpu or cuda[:N].")
 @click.option("--check-imports/--no-check-imports", default=False, show_default=True,
@@ -208,7 +244,7 @@ def backends(device: str, check_imports: bool, precision: str, as_json: bool) ->
 
 @main.command()
 @click.argument("report", type=click.Path(dir_okay=False))
-@click.option("--repository", help="Publish into this repository instead of the one in the report.")
+@click.option("--repository", help="Publish into this repository (a folder or s3://[HOST:PORT/]BUCKET/PREFIX) instead of the one in the report.")
 @click.option("--name", help="Model name (default: the one in the report).")
 @click.option("--version", type=click.IntRange(min=1), help="Add this version to an existing model, leaving its other versions alone.")
 @click.option("--overwrite/--no-overwrite", default=None, help="Replace an existing model of the same name (an atomic swap).  [default: --no-overwrite]")
@@ -222,7 +258,7 @@ def publish(report: str, repository: str | None, name: str | None, version: int 
     """
     from optimizer.app.republish import republish
 
-    published = _run_guarded(lambda: republish(Path(report), Path(repository) if repository else None, name, version, overwrite,
+    published = _run_guarded(lambda: republish(Path(report), repository or None, name, version, overwrite,
                                                Path(template_dir) if template_dir else None, warmup))
     click.echo(f"published {published.model_dir} (version {published.version})")
     if published.model_analyzer_config:
@@ -283,17 +319,20 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
              report_dir: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Load REPO's model into a real Triton, check its answers over HTTP and gRPC and measure it with perf_analyzer.
 
+    REPO is a model repository folder, or one in object storage: s3://BUCKET/PREFIX (endpoint and credentials as for
+    the aws CLI) or s3://HOST:PORT/BUCKET/PREFIX; the local server then reads it from there.
     Exit status 0 when the model loads, answers like the eager reference and perf_analyzer measured it;
     1 when a check fails (or the model cannot be validated here); 2 for bad usage.
     """
     from optimizer.errors import SettingsError
     from optimizer.report.progress import choose_progress
+    from optimizer.triton.publish import repository_argument
     from optimizer.triton.validation import validate as run_validate
 
     if url and local:
         _fail(SettingsError("give either --url HOST:PORT (a running server) or --local (start one), not both."))
     with choose_progress(ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
-        record = _run_guarded(lambda: run_validate(Path(repo), model, url=url, protocol=protocol, concurrency=concurrency,
+        record = _run_guarded(lambda: run_validate(repository_argument(repo), model, url=url, protocol=protocol, concurrency=concurrency,
                                                    report_dir=Path(report_dir) if report_dir else None, on_event=progress,
                                                    cache_dir=cache_dir))
     if as_json:

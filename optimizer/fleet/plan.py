@@ -1,0 +1,163 @@
+"""A fleet plan: one TOML file naming many models, the repository and where to run them (`export-many PLAN`).
+
+Each `[models.NAME]` table takes the keys of the settings file (optimizer/settings.py); settings keys at the
+top of the plan apply to every model unless a model sets its own. The whole plan is checked before anything
+runs: a typo in the tenth model's table would otherwise surface only when its turn comes, an hour later.
+
+```toml
+repository = "s3://models/prod"   # or a local folder; any settings key here is every model's default
+executor = "ray"                  # or "local" (the default)
+address = "auto"                  # ray only; absent = a local Ray instance started for this run
+[models.cnn]
+model = "optimizer.examples.cnn:build"
+[models.encoder]
+model = "optimizer.examples.transformer:build"
+input = ["input_ids:int64:1-128"]
+value-range = ["input_ids:0:999"]
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from optimizer.errors import PublishError, SettingsError
+from optimizer.settings import KEYS, ExportSettings, settings_from
+from optimizer.triton.repository import check_model_name
+from optimizer.vocab import Device
+
+EXECUTORS = ("local", "ray")
+PLAN_KEYS = ("executor", "address", "models")
+"""Top-level keys that are the plan's own; every other top-level key is a settings key (a default for every model)."""
+DEFAULT_REPORT_DIR = "aitune-reports/fleet"
+"""The fleet report's folder when neither --report-dir nor the plan's report-dir says; each model reports into NAME/ below it."""
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """One entry of the plan: its key in [models], its position (for --index) and the settings its export runs with."""
+
+    key: str
+    index: int
+    settings: ExportSettings
+
+    @property
+    def name(self) -> str:
+        """The model's name in the repository: its `name` key, else the table's key."""
+        return self.settings.name or self.key
+
+    @property
+    def gpu(self) -> bool:
+        """Whether its measurement needs a GPU (device cuda or cuda:N): the executor reserves one for it."""
+        return Device.parse(self.settings.device).is_cuda
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """A checked plan: where to run, where the fleet report goes, and every model's settings in plan order."""
+
+    path: Path
+    executor: str
+    address: str | None
+    report_dir: Path
+    models: tuple[PlannedModel, ...]
+
+    def entry(self, index: int) -> PlannedModel:
+        """The model at 0-based position `index` (a Kubernetes Indexed Job's JOB_COMPLETION_INDEX)."""
+        if not 0 <= index < len(self.models):
+            raise SettingsError(f"--index {index} is outside plan {str(self.path)!r}, which has {len(self.models)} model(s) "
+                                f"(0 to {len(self.models) - 1}, in the order of its [models.*] tables).")
+        return self.models[index]
+
+
+def load_plan(path: Path, report_dir: str | None = None) -> FleetPlan:
+    """Read and check PLAN; `report_dir` (--report-dir) overrides the plan's report-dir. Raises SettingsError in one line."""
+    where = str(path)
+    if not path.is_file():
+        raise SettingsError(f"plan {where!r} does not exist; give the TOML file that names the models ([models.NAME] tables).")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SettingsError(f"plan {where!r} is not valid TOML: {err}.") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsError(f"plan {where!r} cannot be read: {err}.") from err
+    executor = data.get("executor", "local")
+    if executor not in EXECUTORS:
+        raise SettingsError(f"plan {where!r}: executor {executor!r} is not one of {', '.join(EXECUTORS)}; "
+                            "local runs the models one after another, ray runs each as a Ray task.")
+    address = data.get("address")
+    if address is not None and (executor != "ray" or not isinstance(address, str)):
+        raise SettingsError(f"plan {where!r}: address {address!r} is for executor = \"ray\" (a Ray cluster address such as "
+                            "\"auto\" or \"10.0.0.1:6379\"); remove it or set executor = \"ray\".")
+    common = _settings_values({k: v for k, v in data.items() if k not in PLAN_KEYS}, where, "the plan's top level")
+    if "name" in common:
+        raise SettingsError(f"plan {where!r}: name at the top level would give every model one name; set name in a [models.NAME] table.")
+    fleet_dir = Path(report_dir or common.pop("report_dir", None) or DEFAULT_REPORT_DIR)
+    common.pop("report_dir", None)
+    tables = data.get("models")
+    if not isinstance(tables, dict) or not tables:
+        raise SettingsError(f"plan {where!r} names no models; add a table per model, e.g. [models.cnn] with "
+                            "model = \"optimizer.examples.cnn:build\".")
+    models = []
+    for index, (key, table) in enumerate(tables.items()):
+        models.append(_planned_model(key, table, index, common, fleet_dir, where))
+    _check_unique(models, where)
+    return FleetPlan(path, executor, address, fleet_dir, tuple(models))
+
+
+def _planned_model(key: str, table: Any, index: int, common: dict[str, Any], fleet_dir: Path, where: str) -> PlannedModel:
+    """One [models.KEY] table over the plan's defaults; its report folder defaults to <fleet report dir>/<name>."""
+    label = f"model {key!r}"
+    if not isinstance(table, dict):
+        raise SettingsError(f"plan {where!r}: models.{key} must be a table ([models.{key}] with model = ...), not {type(table).__name__}.")
+    values = {**common, **_settings_values(table, where, label)}
+    if not values.get("model"):
+        raise SettingsError(f"plan {where!r}: {label} has no model key; add model = \"package.module:callable\" (or a .onnx/.pt/.pt2 file).")
+    values.setdefault("name", key)
+    if not isinstance(values["name"], str):
+        raise SettingsError(f"plan {where!r}: {label}: name must be a string, not {values['name']!r}.")
+    try:
+        check_model_name(values["name"])
+    except PublishError as err:
+        raise SettingsError(f"plan {where!r}: {label}: {err}") from err
+    values.setdefault("report_dir", str(fleet_dir / values["name"]))
+    try:
+        settings = settings_from(values)
+        Device.parse(settings.device)
+    except (SettingsError, TypeError, ValueError) as err:
+        raise SettingsError(f"plan {where!r}: {label}: {err}") from err
+    return PlannedModel(key, index, settings)
+
+
+def _settings_values(table: dict[str, Any], where: str, label: str) -> dict[str, Any]:
+    """Field values from one table: the settings file's keys (settings.KEYS), repeatable ones as lists of strings."""
+    repeatable = {f.name for f in fields(ExportSettings) if f.metadata["multiple"]}
+    values = {}
+    for key, value in table.items():
+        if key not in KEYS:
+            plan_keys = f"; the plan's own keys are {', '.join(PLAN_KEYS)}" if label.startswith("the plan") else ""
+            raise SettingsError(f"plan {where!r}: {label} has unknown key {key!r}; valid keys are the settings file's "
+                                f"(the long option names of export, e.g. backend, max-batch-size){plan_keys}.")
+        name = KEYS[key]
+        if name in repeatable:
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SettingsError(f"plan {where!r}: {label}: {key!r} must be a string or a list of strings.")
+        values[name] = value
+    return values
+
+
+def _check_unique(models: list[PlannedModel], where: str) -> None:
+    """Two entries may not publish the same model name or share a report folder (one would overwrite the other)."""
+    for attr, what in (("name", "name"), ("report_dir", "report-dir")):
+        seen: dict[str, str] = {}
+        for m in models:
+            value = m.name if attr == "name" else str(Path(m.settings.report_dir or ""))
+            if value in seen:
+                raise SettingsError(f"plan {where!r}: models {seen[value]!r} and {m.key!r} have the same {what} {value!r}; "
+                                    f"each model needs its own (set {what} in one of the tables).")
+            seen[value] = m.key
