@@ -8,9 +8,8 @@ before each step. Ctrl-C stops every child and keeps what finished.
 
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -27,8 +26,8 @@ from optimizer.task.context import TuneContext
 from optimizer.task.correctness import precision_tolerances
 from optimizer.task.evaluation import BuildJob, MeasureJob
 from optimizer.task.find_max_batch_size import knee_of
-from optimizer.task.paired import PairedComparison, decide
 from optimizer.task.isolation import ChildOutcome, run_isolated, stop_all_children
+from optimizer.task.paired import PairedComparison, decide
 from optimizer.task.screening import screen
 from optimizer.vocab import Device
 
