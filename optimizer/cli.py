@@ -168,6 +168,8 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
         click.echo(f"Model Analyzer config: {outcome.published.model_analyzer_config}")
     if outcome.published.perf_analyzer_input:
         click.echo(f"perf_analyzer input data: {outcome.published.perf_analyzer_input} (--input-data)")
+    if outcome.published.kserve_manifest:
+        click.echo(f"KServe InferenceService: {outcome.published.kserve_manifest}")
     if outcome.validation is not None:
         _print_validation(outcome.validation)
         _run_guarded(outcome.validation.raise_for_status)

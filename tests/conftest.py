@@ -15,6 +15,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CLI = [sys.executable, "-m", "optimizer.cli"]
 
 
+def ctrl_c_reaches_it() -> None:
+    """preexec_fn for a child a test interrupts with SIGINT: a shell that runs a job in the background (`make test &`)
+    ignores SIGINT in it, the child inherits that, and Python then never raises KeyboardInterrupt; a terminal's Ctrl-C does."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
             serve_search: bool = False) -> subprocess.CompletedProcess:
     """Run `aitune-export ARGS` as a user would (a real process); returns the completed process.

@@ -54,6 +54,8 @@ def test_bundled_example_end_to_end(in_tmp: Path):
     report_path = in_tmp / "aitune-reports" / "cnn" / "report.json"
     assert report_path.exists() and not (model_dir / "report.json").exists()
     report = _report(report_path)
+    manifest = Path(report["published"]["kserve_manifest"])  # and the deployment beside the report, said on stdout
+    assert f"KServe InferenceService: {manifest}" in r.stdout and "--load-model=cnn" in (in_tmp / manifest).read_text()
     result = report["result"]
     search = report["published"]["served_search"]
     if search["status"] == "searched":  # the served search decided the operating point; the in-process peak bounded it

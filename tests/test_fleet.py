@@ -27,7 +27,7 @@ from optimizer.fleet.fleet_report import fleet_record, markdown, read_previous, 
 from optimizer.fleet.job import ModelJob, ModelOutcome
 from optimizer.fleet.plan import DEFAULT_REPORT_DIR, load_plan
 from optimizer.fleet.rerun import settings_key, unchanged
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, S3_CREDENTIALS, MotoS3, ctrl_c_reaches_it, run_cli
 
 QUICK = """
 backend = ["torchscript"]
@@ -100,7 +100,7 @@ def test_plan_defaults_to_the_local_executor_and_a_top_level_report_dir(tmp_path
 
 @pytest.mark.parametrize("text, fragments", [
     ('[models.cnn]\nmodel = "x:y"\nmax-batch = 4\n', ["'max-batch'", "model 'cnn'"]),
-    ('colour = "red"\n[models.cnn]\nmodel = "x:y"\n', ["'colour'", "top level", "executor, address, models"]),
+    ('colour = "red"\n[models.cnn]\nmodel = "x:y"\n', ["'colour'", "top level", "executor, address, image, models"]),
     ('executor = "dask"\n[models.cnn]\nmodel = "x:y"\n', ["executor 'dask'", "local, ray"]),
     ('executor = "local"\naddress = "auto"\n[models.cnn]\nmodel = "x:y"\n', ["address 'auto'", 'executor = "ray"']),
     ('repository = "r"\n', ["names no models", "[models.cnn]"]),
@@ -264,6 +264,27 @@ def test_failing_models_each_get_their_turn_and_reason(in_tmp: Path):
     assert (in_tmp / DEFAULT_REPORT_DIR / "report.md").is_file()
     assert (in_tmp / DEFAULT_REPORT_DIR / "raises" / "export.log").is_file()
     assert doc["executor"] == "local" and [line for line in r.stderr.splitlines() if "[2/2 done, 0 left]" in line]
+    assert doc["job_manifest"]["path"] is None and 'image = "REGISTRY/IMAGE:TAG"' in doc["job_manifest"]["reason"]
+
+
+def test_a_plan_with_an_image_gets_an_indexed_job_that_runs_each_entry(in_tmp: Path):
+    """The Job is a valid Kubernetes object with one completion per plan entry, in plan order, and the fleet report links
+    it; a pod of that Job (--index) leaves it alone."""
+    import kubernetes_validate
+    import yaml
+
+    plan = _plan(in_tmp, 'image = "registry.example/team/aitune:1"\n[models.missing]\nmodel = "no_such_module_here:build"\n'
+                 '[models.other]\nmodel = "no_such_module_either:build"\n')
+    r = run_cli("export-many", str(plan), "--json", cwd=in_tmp, timeout=120)
+    assert r.returncode == 1, r.stderr
+    path = Path(json.loads(r.stdout)["job_manifest"]["path"])
+    job = yaml.safe_load((in_tmp / path if not path.is_absolute() else path).read_text())
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
+    assert container["image"] == "registry.example/team/aitune:1" and container["command"][:3] == ["aitune-export", "export-many", str(plan)]
+    assert json.loads(job["metadata"]["annotations"]["aitune-export/models"]) == ["missing", "other"]
+    assert "export-many-job.yaml" in (in_tmp / DEFAULT_REPORT_DIR / "report.md").read_text()
 
 
 def test_index_runs_one_entry_here_whatever_the_executor(in_tmp: Path):
@@ -305,6 +326,33 @@ def test_two_models_through_a_local_ray_instance(in_tmp: Path):
     again = run_cli("export-many", str(plan), "--json", cwd=in_tmp, timeout=120)  # nothing changed: no Ray, no export
     assert again.returncode == 0, again.stderr[-3000:]
     assert [m["status"] for m in json.loads(again.stdout)["models"]] == ["unchanged", "unchanged"]
+
+
+@pytest.mark.slow
+@pytest.mark.long  # about 2 minutes: two exports on Ray, then a tritonserver per model reading the bucket
+def test_a_ray_plan_publishes_into_s3_and_tritonserver_answers_both_from_there(in_tmp: Path, s3: MotoS3):
+    """Issue 17's target: a two-model plan on a local Ray instance publishes into a loopback s3:// repository, and the
+    local tritonserver loads both models straight from the bucket and answers them correctly."""
+    pytest.importorskip("ray")
+    bucket = s3.bucket()
+    url = s3.url(bucket, "fleet/repo")
+    plan = _plan(in_tmp, f'repository = "{url}"\nexecutor = "ray"\n' + QUICK +
+                 '[models.mlp]\nmodel = "tests.fixtures.models:mlp"\n'
+                 '[models.pair]\nmodel = "tests.fixtures.models:two_inputs"\n')
+    env = dict(S3_CREDENTIALS, AWS_CONFIG_FILE="/nonexistent", AWS_SHARED_CREDENTIALS_FILE="/nonexistent")
+    r = run_cli("export-many", str(plan), "--json", cwd=in_tmp, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [m["status"] for m in json.loads(r.stdout)["models"]] == ["published", "published"]
+    keys = {k.split("fleet/repo/", 1)[1] for k in s3.objects(bucket)}
+    assert {"mlp/config.pbtxt", "mlp/1/model.pt", "pair/config.pbtxt", "pair/1/model.pt"} <= keys
+    assert not (in_tmp / "model_repository").exists()
+    for name in ("mlp", "pair"):
+        v = run_cli("validate", url, "--model", name, "--concurrency", "1:1", "--report", str(in_tmp / DEFAULT_REPORT_DIR / name),
+                    cwd=in_tmp, env=env, timeout=300)
+        assert v.returncode == 0, v.stdout + v.stderr
+        record = json.loads((in_tmp / DEFAULT_REPORT_DIR / name / "validation.json").read_text())
+        assert record["status"] == "passed" and record["repository"] == url
+        assert all(a["passed"] and a["compared_with"] == "reference" for a in record["answers"])
 
 
 def _free_port() -> int:
@@ -376,7 +424,7 @@ def test_ctrl_c_stops_the_ray_tasks_and_reports_the_rest(in_tmp: Path, ray_head:
     env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(in_tmp / ".cache"), **auth)
     with open(in_tmp / "stdout", "w") as out, open(in_tmp / "stderr", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "export-many", str(plan), "--json"], cwd=in_tmp, env=env,
-                                stdout=out, stderr=err)
+                                stdout=out, stderr=err, preexec_fn=ctrl_c_reaches_it)
     log = in_tmp / DEFAULT_REPORT_DIR / "mlp" / "export.log"
     deadline = time.monotonic() + 120
     while not (log.is_file() and "] load" in log.read_text()) and time.monotonic() < deadline:  # the export is under way

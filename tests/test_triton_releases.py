@@ -207,11 +207,11 @@ def test_inspect_shows_the_release_and_why_a_candidate_will_not_run():
 
 @pytest.mark.slow
 def test_allow_version_mismatch_publishes_with_the_warning_in_both_reports(in_tmp: Path):
-    """26.11's ONNX Runtime is unconfirmed: refused without the flag, published with it, and both reports say so."""
-    args = ("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--triton-release", "26.11",
+    """Whether 26.11 still serves TorchScript is unconfirmed: refused without the flag, published with it, and both reports say so."""
+    args = ("export", "tests.fixtures.models:mlp", "--backend", "torchscript", "--triton-release", "26.11",
             "--max-batch-size", "2", "--eager-gate", "disabled")
-    with pytest.raises(SettingsError, match="Triton 26.11's limit is unconfirmed"):  # without the flag: refused before any build
-        plan_run(ExportSettings(model="tests.fixtures.models:mlp", backend=["onnxruntime"], triton_release="26.11"))
+    with pytest.raises(SettingsError, match="whether Triton 26.11 serves pytorch_libtorch is unconfirmed"):  # refused before any build
+        plan_run(ExportSettings(model="tests.fixtures.models:mlp", backend=["torchscript"], triton_release="26.11"))
     r = run_cli(*args, "--allow-version-mismatch", cwd=in_tmp)
     assert r.returncode == 0, r.stderr
     report = in_tmp / "aitune-reports" / "mlp"
@@ -220,4 +220,4 @@ def test_allow_version_mismatch_publishes_with_the_warning_in_both_reports(in_tm
     assert block["release"] == "26.11" and block["allow_version_mismatch"] and doc["settings"]["triton_release"] == "26.11"
     assert any("--allow-version-mismatch" in w and "unconfirmed" in w for w in doc["result"]["warnings"])
     md = (report / "report.md").read_text()
-    assert "## Target: Triton 26.11" in md and "Warning: published onnxruntime although Triton 26.11 may not load it" in md
+    assert "## Target: Triton 26.11" in md and "Warning: published torchscript although Triton 26.11 may not load it" in md

@@ -18,7 +18,7 @@ import pytest
 from optimizer.errors import ValidationError
 from optimizer.triton import server as server_mod
 from optimizer.triton.server import SHM_DIR, LocalTritonServer, find_triton, prepare_home
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ctrl_c_reaches_it
 
 DOUBLE_CONFIG = """name: "{name}"
 platform: "onnxruntime_onnx"
@@ -139,7 +139,8 @@ def test_ctrl_c_during_validate_stops_the_server_and_removes_its_regions(tmp_pat
     write_double_model(tmp_path / "repo")
     proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "validate", str(tmp_path / "repo"), "--concurrency", "1:2",
                              "--report", str(tmp_path / "out")],
-                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.monotonic() + 120
         while not regions_of(proc.pid):  # the model is loaded once its stub holds a region

@@ -269,3 +269,18 @@ def test_served_throughput_benchmark_compares_with_a_naive_config(ort_export, wo
     m = re.fullmatch(r"served_throughput model=cnn emitted=([\d.]+) naive=([\d.]+) ratio=([\d.]+)", last)
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
     assert float(m.group(3)) == pytest.approx(float(m.group(1)) / float(m.group(2)), rel=0.02)
+
+
+def test_a_reshaped_output_is_compared_in_the_shape_clients_receive():
+    """A per-sample scalar is published as `dims: [1] reshape { shape: [] }`: Triton answers [batch, 1] while the eager
+    reference is [batch]; the check compares the two as clients see them, and a real shape difference still shows."""
+    import numpy as np
+
+    from optimizer.triton.validation.checks import as_served
+
+    ref = np.arange(3, dtype=np.float32)
+    spec = {"name": "output__1", "data_type": "TYPE_FP32", "dims": ["1"], "reshape": {}}
+    assert as_served(ref, spec, batching=True).shape == (3, 1)
+    assert as_served(ref, {**spec, "reshape": {"shape": []}}, batching=True).tolist() == [[0.0], [1.0], [2.0]]
+    assert as_served(ref, {k: v for k, v in spec.items() if k != "reshape"}, batching=True).shape == (3,)  # no reshape: as is
+    assert as_served(ref, {**spec, "dims": ["2"]}, batching=True).shape == (3,)  # 3 values cannot be [3, 2]: left for the check

@@ -51,6 +51,21 @@ def _nothing(_: Any) -> None:
     """The default listener: the API stays silent unless the caller listens."""
 
 
+def _write_job(plan: FleetPlan) -> dict[str, Any]:
+    """The plan as a Kubernetes Indexed Job (one pod per entry) beside the fleet report, when the plan names its image."""
+    from optimizer.fleet.manifests import JOB_FILE, KSERVE_DIR, indexed_job, write_manifest
+    from optimizer.machine import cpu_cores
+
+    if not plan.image:
+        return {"path": None, "reason": "the plan names no image; add image = \"REGISTRY/IMAGE:TAG\" (with aitune-export and the models' "
+                                        f"code) to write {KSERVE_DIR}/{JOB_FILE}"}
+    resources: dict[str, str | int] = {"cpu": cpu_cores()}  # what each export measured on here, as a whole
+    if any(m.gpu for m in plan.models):
+        resources["nvidia.com/gpu"] = 1
+    job = indexed_job([m.name for m in plan.models], plan.image, str(plan.path), resources=resources)
+    return {"path": str(write_manifest(plan.report_dir / KSERVE_DIR / JOB_FILE, job)), "reason": ""}
+
+
 def export_many(plan: FleetPlan | Path, *, report_dir: str | None = None, index: int | None = None, force: bool = False,
                 on_start: Callable[[str], None] = _nothing, on_done: Callable[[ModelOutcome], None] = _nothing,
                 executor: Executor | None = None) -> FleetOutcome:
@@ -97,5 +112,7 @@ def export_many(plan: FleetPlan | Path, *, report_dir: str | None = None, index:
     outcomes = [results[m.name] for m in entries]
     placement = executor.placement() if jobs else "nothing ran: every model was unchanged since the last run."
     record = fleet_record(plan.path, executor.name, placement, outcomes, time.perf_counter() - t0)
+    if index is None:  # a pod of the Job (--index) does not rewrite the Job
+        record["job_manifest"] = _write_job(plan)
     json_path, md_path = write_fleet_report(plan.report_dir, record, suffix)
     return FleetOutcome(outcomes, record, json_path, md_path, run.interrupted)

@@ -58,6 +58,11 @@ def markdown(record: dict[str, Any], folder: Path) -> str:
     lines = [f"# Fleet: {len(record['models'])} models, {', '.join(parts) or 'none run'}", "",
              f"Plan `{record['plan']}`, executor `{record['executor']}`; {record['seconds']:.0f} s wall time.", "",
              f"Placement: {record['placement']}", ""]
+    job = record.get("job_manifest") or {}
+    if job.get("path"):
+        lines += [f"Kubernetes Indexed Job (one pod per model): [{Path(job['path']).name}]({os.path.relpath(job['path'], folder)})", ""]
+    elif job.get("reason"):
+        lines += [f"No Kubernetes Job manifest: {job['reason']}.", ""]
     rows = []
     for m in record["models"]:
         throughput = f"{m['throughput']:.1f}" if m.get("throughput") else ""

@@ -8,6 +8,7 @@ runs: a typo in the tenth model's table would otherwise surface only when its tu
 repository = "s3://models/prod"   # or a local folder; any settings key here is every model's default
 executor = "ray"                  # or "local" (the default)
 address = "auto"                  # ray only; absent = a local Ray instance started for this run
+image = "registry.example/team/aitune:1"  # optional: the image of the Kubernetes Indexed Job written beside the report
 [models.cnn]
 model = "optimizer.examples.cnn:build"
 [models.encoder]
@@ -31,7 +32,7 @@ from optimizer.triton.repository import check_model_name
 from optimizer.vocab import Device
 
 EXECUTORS = ("local", "ray")
-PLAN_KEYS = ("executor", "address", "models")
+PLAN_KEYS = ("executor", "address", "image", "models")
 """Top-level keys that are the plan's own; every other top-level key is a settings key (a default for every model)."""
 DEFAULT_REPORT_DIR = "aitune-reports/fleet"
 """The fleet report's folder when neither --report-dir nor the plan's report-dir says; each model reports into NAME/ below it."""
@@ -65,6 +66,7 @@ class FleetPlan:
     address: str | None
     report_dir: Path
     models: tuple[PlannedModel, ...]
+    image: str | None = None  # the container image of the Indexed Job manifest (none written without it)
 
     def entry(self, index: int) -> PlannedModel:
         """The model at 0-based position `index` (a Kubernetes Indexed Job's JOB_COMPLETION_INDEX)."""
@@ -93,6 +95,10 @@ def load_plan(path: Path, report_dir: str | None = None) -> FleetPlan:
     if address is not None and (executor != "ray" or not isinstance(address, str)):
         raise SettingsError(f"plan {where!r}: address {address!r} is for executor = \"ray\" (a Ray cluster address such as "
                             "\"auto\" or \"10.0.0.1:6379\"); remove it or set executor = \"ray\".")
+    image = data.get("image")
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        raise SettingsError(f"plan {where!r}: image {image!r} must be the container image that holds aitune-export and the models' "
+                            "code (e.g. image = \"registry.example/team/aitune:1\"), or be left out.")
     common = _settings_values({k: v for k, v in data.items() if k not in PLAN_KEYS}, where, "the plan's top level")
     if "name" in common:
         raise SettingsError(f"plan {where!r}: name at the top level would give every model one name; set name in a [models.NAME] table.")
@@ -106,7 +112,7 @@ def load_plan(path: Path, report_dir: str | None = None) -> FleetPlan:
     for index, (key, table) in enumerate(tables.items()):
         models.append(_planned_model(key, table, index, common, fleet_dir, where))
     _check_unique(models, where)
-    return FleetPlan(path, executor, address, fleet_dir, tuple(models))
+    return FleetPlan(path, executor, address, fleet_dir, tuple(models), image)
 
 
 def _planned_model(key: str, table: Any, index: int, common: dict[str, Any], fleet_dir: Path, where: str) -> PlannedModel:

@@ -78,7 +78,8 @@ def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any],
             if missing:
                 check.passed, check.error = False, f"the served outputs {names} are not the exported ones {sorted(expected[i])}"
                 return check
-            case = compare_outputs(point, names, dtypes, actual, [expected[i][n] for n in names], tolerances)
+            wanted = [as_served(expected[i][o["name"]], o, max_batch(served) > 0) for o in outputs]
+            case = compare_outputs(point, names, dtypes, actual, wanted, tolerances)
         check.cases.append({"point": case.point, "passed": case.passed, "outputs": [asdict(o) for o in case.outputs]})
         finite = [o for o in case.outputs if o.shape_ok]
         check.max_abs = max([check.max_abs, *(o.max_abs for o in finite)])
@@ -88,6 +89,18 @@ def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any],
             detail = worst.note or f"max abs error {worst.max_abs:.3g}, max rel error {worst.max_rel:.3g} (atol {worst.atol:g}, rtol {worst.rtol:g})"
             check.passed, check.error = False, f"output {worst.name!r} at {point}: {detail}"
     return check
+
+
+def as_served(reference: np.ndarray, spec: dict[str, Any], batching: bool) -> np.ndarray:
+    """The reference output in the shape clients receive: an output with `reshape` is produced in the reshape's shape
+    and served in the config's dims (a per-sample scalar with `dims: [1] reshape { shape: [] }` arrives as [batch, 1])."""
+    if "reshape" not in spec:
+        return reference
+    dims = [int(d) for d in spec.get("dims", [])]
+    shape = ([reference.shape[0]] if batching and reference.ndim else []) + dims
+    if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != reference.size:
+        return reference  # dynamic dims or a different element count: compared as is, and the shape check says so
+    return reference.reshape(shape)
 
 
 def _shape_case(point: str, names: list[str], dtypes: list[str], actual: list[np.ndarray], feed: Feed, served: dict[str, Any]) -> CorrectnessCase:
