@@ -146,16 +146,22 @@ def load_settings_file(path: Path) -> dict[str, Any]:
         raise SettingsError(f"settings file {str(path)!r} is not valid TOML: {err}.") from err
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("aitune-export", {})
+    return settings_values(data, f"settings file {str(path)!r}")
+
+
+def settings_values(data: dict[str, Any], where: str, also: str = "") -> dict[str, Any]:
+    """Field values from a table of settings-file keys (a settings file, a table of a fleet plan); a repeatable key
+    takes a string or a list of strings. Errors start with `where`; `also` adds to the list of valid keys."""
     values = {}
     types = {f.name: f for f in fields(ExportSettings)}
     for key, value in data.items():
         if key not in KEYS:
-            raise SettingsError(f"settings file {str(path)!r}: unknown key {key!r}; valid keys are the long option names: {', '.join(sorted(KEYS))}.")
+            raise SettingsError(f"{where}: unknown key {key!r}; valid keys are the long option names: {', '.join(sorted(KEYS))}{also}.")
         f = types[KEYS[key]]
         if f.metadata["multiple"]:
             value = [value] if isinstance(value, str) else value
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise SettingsError(f"settings file {str(path)!r}: {key!r} must be a string or a list of strings.")
+                raise SettingsError(f"{where}: {key!r} must be a string or a list of strings.")
         values[f.name] = value
     return values
 

@@ -20,7 +20,7 @@ from optimizer.records.triton_releases import release_named
 from optimizer.settings import ExportSettings
 from optimizer.task.correctness import parse_tolerances
 from optimizer.task.release_gate import ReleaseGate, local_toolchain, onnx_model_versions
-from optimizer.triton.publish import PublishOptions, check_options
+from optimizer.triton.publish import PublishOptions, check_options, repository_argument
 from optimizer.triton.repository import check_model_name
 from optimizer.tune_strategy import STRATEGIES, TuneStrategy
 from optimizer.tune_strategy.multi_backend_strategy import check_backend_names
@@ -134,7 +134,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         _check_gpu(plan.device)
     if settings.name is not None:
         check_model_name(settings.name)
-    check_options(PublishOptions(Path(settings.repository), settings.name or "model"))
+    check_options(PublishOptions(repository_argument(settings.repository), settings.name or "model"))
     if settings.template_dir and not Path(settings.template_dir).is_dir():
         raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
     if settings.validate:  # a missing tool or a bad range fails now, not after tuning

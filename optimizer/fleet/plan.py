@@ -20,14 +20,14 @@ value-range = ["input_ids:0:999"]
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
 from optimizer.errors import PublishError, SettingsError
-from optimizer.settings import KEYS, ExportSettings, settings_from
+from optimizer.settings import ExportSettings, settings_from, settings_values
 from optimizer.triton.repository import check_model_name
 from optimizer.vocab import Device
 
@@ -140,21 +140,9 @@ def _planned_model(key: str, table: Any, index: int, common: dict[str, Any], fle
 
 
 def _settings_values(table: dict[str, Any], where: str, label: str) -> dict[str, Any]:
-    """Field values from one table: the settings file's keys (settings.KEYS), repeatable ones as lists of strings."""
-    repeatable = {f.name for f in fields(ExportSettings) if f.metadata["multiple"]}
-    values = {}
-    for key, value in table.items():
-        if key not in KEYS:
-            plan_keys = f"; the plan's own keys are {', '.join(PLAN_KEYS)}" if label.startswith("the plan") else ""
-            raise SettingsError(f"plan {where!r}: {label} has unknown key {key!r}; valid keys are the settings file's "
-                                f"(the long option names of export, e.g. backend, max-batch-size){plan_keys}.")
-        name = KEYS[key]
-        if name in repeatable:
-            value = [value] if isinstance(value, str) else value
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise SettingsError(f"plan {where!r}: {label}: {key!r} must be a string or a list of strings.")
-        values[name] = value
-    return values
+    """Field values from one table of the plan: the settings file's keys (at the top level, beside the plan's own)."""
+    also = f"; the plan's own keys are {', '.join(PLAN_KEYS)}" if label.startswith("the plan") else ""
+    return settings_values(table, f"plan {where!r}: {label}", also)
 
 
 def _check_unique(models: list[PlannedModel], where: str) -> None:
