@@ -183,7 +183,7 @@ def test_a_search_record_round_trips():
 @pytest.mark.slow
 def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Path):
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "4",
-                "--serve-search-seconds", "20", "--validate", "--validate-concurrency", "4", cwd=in_tmp, serve_search=True)
+                "--serve-search-seconds", "30", "--validate", "--validate-concurrency", "4", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
     search = ServedSearch.from_json(doc["published"]["served_search"])
