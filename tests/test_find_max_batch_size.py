@@ -146,6 +146,9 @@ def test_measurements_taken_while_others_used_the_cpu_are_taken_again(monkeypatc
     assert p.retakes == 2 and p.others_cpu_share == 0.8  # the budget is bounded: the least disturbed one is kept
     shares = iter([0.1])
     assert profiling.measure_settled(lambda: None, 4, profiling.ProfileSettings()).retakes == 0
+    shares = iter([0.5, 0.48, 0.1])
+    p = profiling.measure_settled(lambda: None, 4, profiling.ProfileSettings(retakes=2))
+    assert p.retakes == 1 and p.others_cpu_share == 0.48  # a steady load (another job's core) is not waited out
 
 
 def _busy(batch: int, share: float) -> BatchProfile:

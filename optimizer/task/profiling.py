@@ -65,6 +65,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+STEADY_LOAD = 0.05
+"""A retake whose others' CPU share is within this of the first take's saw a steady load (a spinning core measured
+46-50% on both takes here): taking it again only multiplies the time; a load that comes and goes drops by more."""
+
+
 def measure_settled(run: Callable[[], Any], batch_size: int, settings: ProfileSettings = ProfileSettings()) -> BatchProfile:
     """`measure`, taken again (a bounded number of times, after a short pause) while other processes used most
     of the CPU: background load that comes and goes must not decide a batch size. Keeps the least disturbed one."""
@@ -74,8 +79,11 @@ def measure_settled(run: Callable[[], Any], batch_size: int, settings: ProfileSe
         tries += 1
         time.sleep(0.2 * tries)
         again = measure(run, batch_size, settings)
+        steady = best.others_cpu_share - again.others_cpu_share < STEADY_LOAD
         if again.others_cpu_share < best.others_cpu_share:
             best = again
+        if steady:  # the load did not move: it is another job's, not a passing one, and a third take would see it too
+            break
     best.retakes = tries
     return best
 
