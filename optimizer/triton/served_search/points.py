@@ -2,7 +2,8 @@
 
 Pure functions of the in-process decision and the measurements so far: a coordinate search that
 varies one dimension at a time (instance layout, then the batch sizes, then the queue delay),
-walks a dimension while it keeps improving, and moves on at the first step that does not.
+walks a dimension while it keeps improving, and moves on at the first step that does not. The walk
+itself (search._climb) pairs a layout step with no queue delay, the one interaction measured to matter.
 """
 
 from __future__ import annotations
