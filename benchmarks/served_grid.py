@@ -213,7 +213,7 @@ def settle(server: LocalTritonServer, target: Any, model_dir: Path, rows: list[d
         both = [m for i, m in enumerate(rounds[name]) if i % 2 == parity and m and (also is None or rounds[also][i])]
         return sum(m[key] for m in both) / len(both) if both else 0.0
 
-    name, _, row = max(contenders[1:], key=lambda c: mean(c[0], "throughput", 0))  # chosen on the even rounds
+    name, _, row = max(contenders[1:], key=lambda c: mean(c[0], "throughput", 0))  # chosen on rounds 1, 3, 5 (indices 0, 2, 4)
     emitted_mean = {"throughput": mean("emitted", "throughput", 1, name), "p95_ms": mean("emitted", "p95_ms", 1, name)}
     best = {**(row or {}), "throughput": mean(name, "throughput", 1, "emitted"), "p95_ms": mean(name, "p95_ms", 1, "emitted"),
             "settled_from": row["throughput"] if row else None, "chosen_on": mean(name, "throughput", 0)}
