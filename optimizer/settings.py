@@ -136,14 +136,22 @@ def _toml_value(value: Any) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def read_toml(path: Path, what: str, missing: str) -> dict[str, Any]:
+    """A TOML file's tables, or one SettingsError line naming `what` (e.g. "settings file 'x.toml'") and, when the
+    file is absent, the fix `missing`; shared by the settings file and the fleet plan."""
+    if not path.is_file():
+        raise SettingsError(f"{what} does not exist; {missing}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SettingsError(f"{what} is not valid TOML: {err}.") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsError(f"{what} cannot be read: {err}.") from err
+
+
 def load_settings_file(path: Path) -> dict[str, Any]:
     """Field values from a TOML file (its [tool.aitune-export] table when it is a pyproject.toml)."""
-    if not path.is_file():
-        raise SettingsError(f"settings file {str(path)!r} does not exist; check --config.")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise SettingsError(f"settings file {str(path)!r} is not valid TOML: {err}.") from err
+    data = read_toml(path, f"settings file {str(path)!r}", "check --config.")
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("aitune-export", {})
     return settings_values(data, f"settings file {str(path)!r}")

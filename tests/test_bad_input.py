@@ -29,6 +29,7 @@ def workspace(in_tmp: Path) -> Path:
     (in_tmp / "corrupt.npz").write_bytes(b"not a zip file")
     (in_tmp / "unknown_key.toml").write_text('repository = "repo"\nmax_batch = 8\n')
     (in_tmp / "bad.toml").write_text("repository = \n")
+    (in_tmp / "binary.toml").write_bytes(b"\xff\xfe\x00repository")
     (in_tmp / "wrong_type.toml").write_text("backend = 3\n")
     (in_tmp / "existing_repo").mkdir()
     (in_tmp / "report_file").write_text("x")
@@ -44,6 +45,7 @@ CASES = [
     (["--samples", "corrupt.npz"], 2, "not a readable .npz"),
     (["--config", "unknown_key.toml"], 2, "unknown key 'max_batch'"),
     (["--config", "bad.toml"], 2, "not valid TOML"),
+    (["--config", "binary.toml"], 2, "cannot be read"),
     (["--config", "wrong_type.toml"], 2, "'backend' must be a string or a list"),
     (["--config", "missing.toml"], 2, "does not exist"),
     (["--template-dir", "no_such_dir"], 2, "is not a directory"),

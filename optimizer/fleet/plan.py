@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from optimizer.errors import PublishError, SettingsError
-from optimizer.settings import ExportSettings, settings_from, settings_values
+from optimizer.settings import ExportSettings, read_toml, settings_from, settings_values
 from optimizer.triton.repository import check_model_name
 from optimizer.vocab import Device
 
@@ -79,14 +77,7 @@ class FleetPlan:
 def load_plan(path: Path, report_dir: str | None = None) -> FleetPlan:
     """Read and check PLAN; `report_dir` (--report-dir) overrides the plan's report-dir. Raises SettingsError in one line."""
     where = str(path)
-    if not path.is_file():
-        raise SettingsError(f"plan {where!r} does not exist; give the TOML file that names the models ([models.NAME] tables).")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise SettingsError(f"plan {where!r} is not valid TOML: {err}.") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise SettingsError(f"plan {where!r} cannot be read: {err}.") from err
+    data = read_toml(path, f"plan {where!r}", "give the TOML file that names the models ([models.NAME] tables).")
     executor = data.get("executor", "local")
     if executor not in EXECUTORS:
         raise SettingsError(f"plan {where!r}: executor {executor!r} is not one of {', '.join(EXECUTORS)}; "
@@ -102,8 +93,8 @@ def load_plan(path: Path, report_dir: str | None = None) -> FleetPlan:
     common = _settings_values({k: v for k, v in data.items() if k not in PLAN_KEYS}, where, "the plan's top level")
     if "name" in common:
         raise SettingsError(f"plan {where!r}: name at the top level would give every model one name; set name in a [models.NAME] table.")
-    fleet_dir = Path(report_dir or common.pop("report_dir", None) or DEFAULT_REPORT_DIR)
-    common.pop("report_dir", None)
+    plan_report_dir = common.pop("report_dir", None)  # the fleet report's folder, not a per-model default
+    fleet_dir = Path(report_dir or plan_report_dir or DEFAULT_REPORT_DIR)
     tables = data.get("models")
     if not isinstance(tables, dict) or not tables:
         raise SettingsError(f"plan {where!r} names no models; add a table per model, e.g. [models.cnn] with "
