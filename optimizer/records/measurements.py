@@ -25,7 +25,7 @@ class BatchProfile:
     windows: int
     stable: bool
     cv: float
-    others_cpu_share: float  # share of the machine's CPU used by other processes during the windows (0..1)
+    others_cpu_share: float  # share of the measured cores' CPU used by other processes during the windows (0..1)
     peak_rss_mb: float = 0.0
     retakes: int = 0  # times it was measured again because other processes used most of the CPU
 
@@ -98,6 +98,8 @@ class MaxBatchDecision:
     peak: int = 0  # the smallest batch within the measured noise of the best throughput (0: none measured)
     largest_fit: int = 0  # the largest measured batch that fit (memory and latency budget): what capacity allows
     search_stop: str = ""  # why the growth stopped (a LIMITS key); decided_by is "peak" when the peak capped the max
+    measured_max: int = 0  # the max batch as measured, when it was measured on fewer cores and scaled (0: not scaled)
+    scaled_by: float = 1.0  # available cores / measured cores (task/core_share.py)
 
     @property
     def best(self) -> BatchProfile:
@@ -115,6 +117,9 @@ class MaxBatchDecision:
         if self.decided_by == "peak" and self.largest_fit > self.max_batch_size:
             stop = LIMITS.get(self.search_stop, self.search_stop)
             text += f"; batches up to {self.largest_fit} fit (the search stopped there: {stop})"
+        if self.measured_max:
+            text += (f"; measured on 1/{self.scaled_by:g} of the cores with as many threads, where the max was {self.measured_max}: "
+                     f"scaled x{self.scaled_by:g} so each thread gets the same share of a batch on every core")
         return text + f"; knee at {self.knee}, best throughput at {self.best_batch}"
 
     def to_json(self) -> dict[str, Any]:
@@ -131,6 +136,8 @@ class MaxBatchDecision:
             "peak": self.peak,
             "largest_fit": self.largest_fit,
             "search_stop": self.search_stop,
+            "measured_max": self.measured_max,
+            "scaled_by": self.scaled_by,
             "explanation": self.explanation,
         }
 
@@ -149,4 +156,6 @@ class MaxBatchDecision:
             peak=d.get("peak", d["best_batch"]),
             largest_fit=d.get("largest_fit", d["max_batch_size"]),
             search_stop=d.get("search_stop", d["decided_by"]),
+            measured_max=d.get("measured_max", 0),
+            scaled_by=d.get("scaled_by", 1.0),
         )

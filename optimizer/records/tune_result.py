@@ -38,6 +38,7 @@ class TuneResult:
     tolerances: dict[str, list[float]] = field(default_factory=dict)  # the selected candidate's overrides: output (or "") -> [atol, rtol]
     comparison: dict[str, Any] | None = None  # task/paired.PairedComparison: a close call re-measured in pairs
     triton_release: dict[str, Any] | None = None  # task/release_gate.ReleaseGate.to_json(): the target release's facts and checks
+    measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json(): the cores every measurement ran on, and why
 
     @property
     def selected_candidate(self) -> Candidate:

@@ -205,7 +205,11 @@ def _max_batch(result: TuneResult, published_max: int | None = None) -> str:
     lines.append(f"- Decided by **{d.decided_by}**: {LIMITS.get(d.decided_by, d.decided_by)}.")
     lines.append(f"- Throughput peak at batch {d.peak or d.best_batch} (the smallest batch within the measured noise of the best); "
                  f"knee at batch {d.knee}; best throughput at batch {d.best_batch}.")
-    if d.largest_fit > result.max_batch_size:
+    if d.measured_max:
+        lines.append(f"- Measured on 1/{d.scaled_by:g} of the cores, with as many threads, because other processes kept the rest busy: "
+                     f"the measured max {d.measured_max} is scaled x{d.scaled_by:g} to {d.max_batch_size}, so each thread gets the same "
+                     "share of a batch on every core (fewer threads flatten the throughput curve).")
+    if d.largest_fit > (d.measured_max or result.max_batch_size):
         lines.append(f"- Batches up to {d.largest_fit} fit (the search stopped there: {LIMITS.get(d.search_stop, d.search_stop)}); "
                      "publishing past the peak serves less at a higher latency.")
     if d.ceiling is not None:
@@ -225,7 +229,7 @@ def _max_batch(result: TuneResult, published_max: int | None = None) -> str:
     header = ("batch", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "stable", "cv", "others' CPU", "peak RSS MiB")
     rows = []
     for p in sorted(d.profiles + d.over_budget, key=lambda p: p.batch_size):
-        mark = " (published max)" if p.batch_size == result.max_batch_size else (" (over budget)" if p in d.over_budget else "")
+        mark = " (published max)" if p.batch_size == result.max_batch_size and not d.measured_max else " (max, before scaling)" if p.batch_size == d.measured_max else (" (over budget)" if p in d.over_budget else "")
         rows.append([f"{p.batch_size}{mark}", f"{p.throughput:.1f}", _ms(p.p50_ms), _ms(p.p95_ms), _ms(p.p99_ms),
                      "yes" if p.stable else "no", f"{p.cv:.2f}" if p.cv >= 0 else "n/a", f"{100 * p.others_cpu_share:.0f}%", f"{p.peak_rss_mb:.0f}"])
     lines.append(_table(header, rows))

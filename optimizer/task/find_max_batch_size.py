@@ -20,6 +20,7 @@ import math
 from typing import Callable
 
 from optimizer.records.measurements import BatchPolicy, BatchProfile, MaxBatchDecision
+from optimizer.task.core_share import CoreShare
 
 
 class OutOfMemory(Exception):
@@ -139,6 +140,19 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
         largest_fit=largest,
         search_stop=decided_by,
     )
+
+
+SCALABLE = frozenset({"peak", "saturation", "search_cap", "time_budget"})
+"""Decisions set by the throughput curve, which fewer threads flatten; memory, a latency budget or the user's size are not scaled."""
+
+
+def scaled_for_cores(decision: MaxBatchDecision, share: CoreShare, cap: int) -> MaxBatchDecision:
+    """A max batch searched on fewer cores than the server has, scaled to all of them (task/core_share.py)."""
+    if not share.reduced or decision.decided_by not in SCALABLE or decision.max_batch_size <= 0:
+        return decision
+    decision.measured_max, decision.scaled_by = decision.max_batch_size, round(share.factor, 3)
+    decision.max_batch_size = min(share.to_all_cores(decision.max_batch_size), cap)
+    return decision
 
 
 def _over_budget(p: BatchProfile, policy: BatchPolicy) -> bool:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from optimizer.task.core_share import pin_to
+
 log = logging.getLogger(__name__)
 
 _LIVE_GROUPS: set[int] = set()
@@ -65,11 +67,13 @@ def run_isolated(
     timeout_s: float | None,
     label: str,
     poll: Callable[[float], str | None] | None = None,
+    cores: list[int] | None = None,
 ) -> ChildOutcome:
     """Call `module:function(payload)` in a spawned child; the function returns a JSON-serializable value.
 
     `poll(elapsed_s)` is called about four times a second while the child runs; a string it returns
-    stops the child, with that string as the reason (per-stage timeouts use this).
+    stops the child, with that string as the reason (per-stage timeouts use this). `cores`: the child runs on
+    these CPU cores only (task/core_share.py), set before it imports anything heavy.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path, log_path = workdir / f"{label}.job.json", workdir / f"{label}.result.json", workdir / f"{label}.log"
@@ -77,7 +81,7 @@ def run_isolated(
         p.unlink(missing_ok=True)
     job_path.write_text(json.dumps(payload))
     ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=_child_entry, args=(target, str(job_path), str(result_path), str(log_path)), name=label, daemon=False)
+    proc = ctx.Process(target=_child_entry, args=(target, str(job_path), str(result_path), str(log_path), cores), name=label, daemon=False)
     t0 = time.monotonic()
     proc.start()
     _LIVE_GROUPS.add(proc.pid)  # the child calls setsid() first thing: its pgid is its pid
@@ -139,9 +143,10 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _child_entry(target: str, job_path: str, result_path: str, log_path: str) -> None:
+def _child_entry(target: str, job_path: str, result_path: str, log_path: str, cores: list[int] | None = None) -> None:
     os.setsid()
     _die_with_parent()
+    pin_to(cores)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

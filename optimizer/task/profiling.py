@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from optimizer.records.measurements import BatchProfile
+from optimizer.task.core_share import available_cores, own_ticks, read_cpu_busy
 
 
 @dataclass(frozen=True)
@@ -32,30 +33,27 @@ class ProfileSettings:
 
 
 class ContentionMeter:
-    """Share of total machine CPU time spent by processes other than this one, from /proc (Linux only)."""
+    """Share of the CPU time of the cores this process may run on spent by other processes, from /proc (Linux only).
+
+    Only those cores count: a run pinned away from another job's busy core (task/core_share.py) is not disturbed by it.
+    """
 
     def __init__(self) -> None:
+        self._cores = available_cores()
         self._start = self._read()
 
-    @staticmethod
-    def _read() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-            busy_total = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # minus idle and iowait
-            with open("/proc/self/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            own = int(parts[11]) + int(parts[12])  # utime + stime of this process, in clock ticks
-            return busy_total, own
-        except (OSError, ValueError, IndexError):
+    def _read(self) -> tuple[int, int] | None:
+        busy, own = read_cpu_busy(), own_ticks()
+        if busy is None or own is None:
             return None
+        return sum(busy.get(c, 0) for c in self._cores), own
 
     def share(self, elapsed_s: float) -> float:
         end = self._read()
         if self._start is None or end is None or elapsed_s <= 0:
             return 0.0
         others = (end[0] - self._start[0]) - (end[1] - self._start[1])
-        capacity = elapsed_s * os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1)
+        capacity = elapsed_s * os.sysconf("SC_CLK_TCK") * len(self._cores)
         return float(min(max(others / capacity, 0.0), 1.0))
 
 

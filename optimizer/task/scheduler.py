@@ -23,9 +23,10 @@ from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import tolerances_to_json
 from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
 from optimizer.task.context import TuneContext
+from optimizer.task.core_share import CoreShare, probe
 from optimizer.task.correctness import precision_tolerances
 from optimizer.task.evaluation import BuildJob, MeasureJob
-from optimizer.task.find_max_batch_size import knee_of
+from optimizer.task.find_max_batch_size import knee_of, scaled_for_cores
 from optimizer.task.isolation import ChildOutcome, run_isolated, stop_all_children
 from optimizer.task.paired import PairedComparison, decide
 from optimizer.task.screening import screen
@@ -60,6 +61,7 @@ class CandidateScheduler:
         self.finished: list[Candidate] = []  # every finished step's latest record (kept for an interrupted run)
         self.total = 0
         self.done = 0
+        self.core_share: CoreShare | None = None  # the cores every measurement of this run is pinned to (probed in run)
 
     def _workdir(self, name: str) -> Path:
         return self.ctx.workdir / "candidates" / name.replace("[", "_").replace("]", "").replace(":", "_")
@@ -82,6 +84,10 @@ class CandidateScheduler:
             ctx.on_event(Event("build", "skipped", s.name, s.reason))
         self.total = 2 * len(runnable) + (1 if measure_eager else 0)  # build + measure each, measure eager
         eager = None
+        if runnable or measure_eager:
+            self.core_share = probe()  # before any child of ours runs: what it sees busy is another job's
+            if self.core_share.reduced:
+                ctx.on_event(Event("profile", "progress", "", self.core_share.summary()))
         try:
             if measure_eager:
                 eager = self.measure(self.eager_built())
@@ -173,7 +179,9 @@ class CandidateScheduler:
         backend = self._backend_of[cand.name]
         workdir = self._workdir(cand.name)
         budget = self.memory_budget_mb
-        cached = ctx.cache.lookup_measurement(backend, ctx, self.policy, budget, cand) if ctx.cache is not None else None
+        # measurements on fewer cores than the machine has compare only with each other: none is reused or kept
+        cache = ctx.cache if self._pin() is None else None
+        cached = cache.lookup_measurement(backend, ctx, self.policy, budget, cand) if cache is not None else None
         if cached is not None:
             self._step_done("profile", cand.name, "reused the cached measurement (--no-cache measures again); " + _summary(cached))
             return cached
@@ -192,12 +200,15 @@ class CandidateScheduler:
         )
         self._event("profile", "start", cand.name)
         watcher = _ProgressWatcher(workdir / "progress.json", self, cand.name, "measure")
-        outcome = run_isolated("optimizer.task.evaluation:measure_candidate", job.to_json(), workdir, ctx.profile_timeout_s, "measure", watcher.poll)
+        outcome = run_isolated("optimizer.task.evaluation:measure_candidate", job.to_json(), workdir, ctx.profile_timeout_s, "measure", watcher.poll,
+                               cores=self._pin())
         result = self._outcome(outcome, watcher, backend, "measure", "--profile-timeout", before=cand)
+        if result.decision is not None and self.core_share is not None:
+            result.decision = scaled_for_cores(result.decision, self.core_share, self.policy.cap)
         watcher.emit_new(result, outcome.seconds)
         result.log = cand.log + ("," if cand.log else "") + str(workdir / "measure.log")
-        if result.passed and ctx.cache is not None:
-            ctx.cache.store_measurement(backend, ctx, self.policy, budget, result)
+        if result.passed and cache is not None:
+            cache.store_measurement(backend, ctx, self.policy, budget, result)
         self._step_done("profile", cand.name, result.reason or _summary(result), failed=not result.passed)
         self._finish(result)
         return result
@@ -220,12 +231,15 @@ class CandidateScheduler:
         names = ", ".join(c.name for c in contenders)
         self._event("select", "progress", contenders[0].name, f"paired re-measurement of {names}")
         workdir = self._workdir("paired")
-        outcome = run_isolated("optimizer.task.paired:compare_candidates", payload, workdir, ctx.profile_timeout_s, "compare")
+        outcome = run_isolated("optimizer.task.paired:compare_candidates", payload, workdir, ctx.profile_timeout_s, "compare", cores=self._pin())
         if not outcome.ok:
             log.warning("the paired re-measurement of %s failed (%s); the separate measurements decide", names, outcome.reason)
             return None
         comparison = PairedComparison(contenders[0].name, batches, outcome.value["rounds"], seconds=round(outcome.seconds, 2))
         return decide(comparison, {c.name: c.backend for c in contenders})
+
+    def _pin(self) -> list[int] | None:
+        return self.core_share.pin if self.core_share is not None else None
 
     def _outcome(self, outcome: ChildOutcome, watcher: _ProgressWatcher, backend: Backend, step: str, flag: str,
                  before: Candidate | None = None) -> Candidate:

@@ -117,6 +117,9 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         order = {b.name: i for i, b in enumerate(backends)}
         candidates = sorted([*refused.values(), *run.candidates], key=lambda c: order.get(c.backend, len(order)))
         warnings: list[str] = []
+        share = scheduler.core_share
+        if share is not None and share.reduced:
+            warnings.append(f"{share.summary()}.")
         settled = None
         if run.interrupted:
             selected, reason = None, "the run was interrupted before a candidate could be selected"
@@ -152,6 +155,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             tolerances=self._tolerances_of(selected, ctx),
             comparison=settled.to_json() if not run.interrupted and settled is not None else None,
             triton_release=self.release_gate.to_json(backends) if self.release_gate is not None else None,
+            measured_on=share.to_json() if share is not None else None,
         )
 
     def _release_refusals(self, backends: Sequence[Backend], ctx: TuneContext) -> dict[str, Candidate]:

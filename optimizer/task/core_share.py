@@ -1,0 +1,127 @@
+"""The cores measurements run on: those another job's steady load leaves free, found by a short probe.
+
+Measured here with one spinning process on a two-core machine: candidates using both cores ran
+4-20x slower than quietly (every parallel region waits for the thread that shares a core with the
+spinner), by a different factor per backend, so the load picked the backend and the max batch.
+On the one free core, with one thread, every candidate slows by about the same factor and the
+ranking holds. So before the first measurement the machine is watched for PROBE_S; the cores
+others kept busy are left to them and every measurement of the run (each candidate, eager, the
+paired comparison) is pinned to the rest, with one thread per core. The cores are chosen once
+per run: candidates measured on different cores could not be compared.
+
+Fewer threads flatten the batch curve (the bundled CNN on ONNX Runtime: 278, 289, 294/s at batch
+1, 2, 4 on one core; its peak is at 4 on two), because each thread's share of a batch is what
+amortizes the cost of splitting work. So a searched max batch measured on k of n cores is scaled
+by n/k (to a power of two) for the n-core server the config is written for; the report says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PROBE_S = 1.0
+TAKEN = 0.6
+"""Others' CPU, in cores, from which a core counts as taken: one spinning process measured 0.97-1.0 here."""
+
+
+@dataclass(frozen=True)
+class CoreShare:
+    """The cores this run measures on, out of the ones it may use, and the load that decided it."""
+
+    cores: tuple[int, ...]
+    available: tuple[int, ...]
+    others_busy: float  # cores' worth of CPU other processes used during the probe
+
+    @property
+    def reduced(self) -> bool:
+        return len(self.cores) < len(self.available)
+
+    @property
+    def pin(self) -> list[int] | None:
+        """The cores a measuring child is pinned to; None when it may use every available one."""
+        return sorted(self.cores) if self.reduced else None
+
+    @property
+    def factor(self) -> float:
+        """Available cores per measured core: how much more of a batch each thread gets here than on all of them."""
+        return len(self.available) / len(self.cores)
+
+    def to_all_cores(self, batch: int) -> int:
+        """A batch measured here, as the batch (a power of two) giving each thread the same share on every available core."""
+        return batch if not self.reduced or batch <= 0 else 1 << round(math.log2(batch * self.factor))
+
+    def to_measured_cores(self, batch: int) -> int:
+        """The inverse of to_all_cores: the batch to measure here for `batch` on every available core."""
+        return batch if not self.reduced or batch <= 0 else 1 << max(0, round(math.log2(batch / self.factor)))
+
+    def summary(self) -> str:
+        return (f"other processes kept {self.others_busy:.1f} of {len(self.available)} cores busy when measuring began, so every "
+                f"candidate was measured on {len(self.cores)} core(s) ({', '.join(map(str, sorted(self.cores)))}) with as many "
+                f"threads: throughputs are below what an idle machine gives, the comparison between candidates holds, and a "
+                f"searched max batch is scaled x{self.factor:g} for all {len(self.available)} cores")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cores"], d["available"] = list(self.cores), list(self.available)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CoreShare:
+        return cls(tuple(d["cores"]), tuple(d["available"]), float(d["others_busy"]))
+
+
+def available_cores() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
+
+
+def read_cpu_busy() -> dict[int, int] | None:
+    """Busy clock ticks per CPU since boot (all but idle and iowait), from /proc/stat; None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and line[3:4].isdigit()]
+        return {int(p[0][3:]): sum(map(int, p[1:])) - int(p[4]) - (int(p[5]) if len(p) > 5 else 0) for p in lines}
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def own_ticks() -> int | None:
+    """utime + stime of this process, in clock ticks."""
+    try:
+        with open("/proc/self/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return int(parts[11]) + int(parts[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def probe(seconds: float = PROBE_S) -> CoreShare:
+    """Watch the machine for `seconds` (this process sleeping) and leave the cores others kept busy to them."""
+    available = available_cores()
+    start, own0 = read_cpu_busy(), own_ticks()
+    time.sleep(seconds)
+    end, own1 = read_cpu_busy(), own_ticks()
+    if start is None or end is None or len(available) < 2:
+        return CoreShare(available, available, 0.0)
+    ticks = seconds * os.sysconf("SC_CLK_TCK")
+    busy = {c: max(0.0, min(1.0, (end.get(c, 0) - start.get(c, 0)) / ticks)) for c in available}
+    own = ((own1 or 0) - (own0 or 0)) / ticks
+    others = max(0.0, sum(busy.values()) - own)
+    taken = min(int(others + (1.0 - TAKEN)), len(available) - 1)
+    cores = tuple(sorted(sorted(available, key=lambda c: (busy[c], c))[: len(available) - taken]))
+    share = CoreShare(cores, available, round(others, 2))
+    if share.reduced:
+        log.info("measuring on cores %s: %s", list(cores), share.summary())
+    return share
+
+
+def pin_to(cores: list[int] | None) -> None:
+    """Run this process (and the threads it starts from now on) on `cores` only."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
