@@ -31,8 +31,12 @@ class OperatingPoint:
     def label(self) -> str:
         """One short line a table cell or a plot label can hold."""
         pref = ",".join(map(str, self.preferred)) or "-"
-        layout = f"{self.instances}x{self.threads}t" if self.threads else f"{self.instances} inst"
-        return f"max {self.max_batch_size} pref [{pref}] delay {self.queue_delay_us}us {layout}"
+        return f"max {self.max_batch_size} pref [{pref}] delay {self.queue_delay_us}us {self.layout}"
+
+    @property
+    def layout(self) -> str:
+        """Instances x threads each ("2x1t"), or the instance count where threads are the artifact's own."""
+        return f"{self.instances}x{self.threads}t" if self.threads else f"{self.instances} inst"
 
     def differences(self, other: OperatingPoint) -> dict[str, list[Any]]:
         """Field -> [this value, other's value] for every field that differs (how a variant differs from the published point)."""
@@ -103,16 +107,21 @@ class ServedSearch:
     in_process_throughput: float | None = None  # in-process samples/s at the batch the server formed
     per_request_ms: float | None = None  # the server's cost per request on top of the in-process time
     predicted_throughput: float | None = None  # what the published config serves at `concurrency`
+    measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json() when others kept cores busy (else None)
+    measured_point: OperatingPoint | None = None  # the variant that decided `chosen` when its layout was not measured
 
     @property
     def chosen_variant(self) -> ServedVariant | None:
-        """The published point's latest measurement (a confirmation may have measured it again)."""
-        return next((v for v in reversed(self.variants) if v.point == self.chosen and v.status == "measured"), None)
+        """The published point's latest measurement (a confirmation may have measured it again); on a busy
+        machine, the measurement of `measured_point`, the same batching on the cores others left free."""
+        point = self.measured_point or self.chosen
+        return next((v for v in reversed(self.variants) if v.point == point and v.status == "measured"), None)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["start"] = self.start.to_json() if self.start else None
         d["chosen"] = self.chosen.to_json() if self.chosen else None
+        d["measured_point"] = self.measured_point.to_json() if self.measured_point else None
         d["variants"] = [v.to_json() for v in self.variants]
         return d
 
@@ -121,5 +130,6 @@ class ServedSearch:
         d = dict(d)
         d["start"] = OperatingPoint.from_json(d["start"]) if d.get("start") else None
         d["chosen"] = OperatingPoint.from_json(d["chosen"]) if d.get("chosen") else None
+        d["measured_point"] = OperatingPoint.from_json(d["measured_point"]) if d.get("measured_point") else None
         d["variants"] = [ServedVariant.from_json(v) for v in d.get("variants", [])]
         return cls(**d)

@@ -81,7 +81,7 @@ def plot_data(result: TuneResult) -> PlotData:
     if result.selected:
         cand = result.selected_candidate
         if cand.decision and cand.decision.profiles:
-            point = cand.decision.profile_at(max(result.max_batch_size, 1)) or cand.decision.best
+            point = cand.decision.profile_at(max(cand.decision.measured_max or result.max_batch_size, 1)) or cand.decision.best
             chosen = ChosenPoint(cand.name, point.batch_size, point.throughput, point.percentile_ms(result.percentile))
     return PlotData(f"{result.model_name} on {result.device}", result.percentile, series, chosen, result.latency_budget_ms)
 
@@ -152,7 +152,8 @@ def served_search_figure(search: dict[str, Any]) -> Figure | None:
     if start is not None:
         ax.plot([start[f"p{pct}_ms"]], [start["throughput"]], linestyle="none", marker="s", markersize=11, fillstyle="none",
                 color="grey", zorder=4, label="in-process rules")
-    chosen = next((v for v in points if v["point"] == search.get("chosen") and v.get("status") == "measured"), None)
+    published = search.get("measured_point") or search.get("chosen")  # on a busy machine: as measured on the free cores
+    chosen = next((v for v in points if v["point"] == published and v.get("status") == "measured"), None)
     if chosen is not None:
         ax.plot([chosen[f"p{pct}_ms"]], [chosen["throughput"]], linestyle="none", marker="*", markersize=16, color="black",
                 zorder=5, label="published")

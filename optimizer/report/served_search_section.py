@@ -79,6 +79,12 @@ def _story(search: dict[str, Any]) -> str:
     if search.get("per_request_ms") is not None:
         prediction.append(f"the server's own cost {float(search['per_request_ms']):.3f} ms per request ({kind})")
     third = f" Prediction: {', '.join(prediction)}." if prediction else ""
+    share = search.get("measured_on")
+    if share and search.get("measured_point"):
+        third += (f" Other processes kept {float(share['others_busy']):.1f} of {len(share['available'])} cores busy, so every variant ran as one "
+                  f"instance on the {len(share['cores'])} free core(s) with as many threads; **{chosen}** is the best of them, "
+                  f"measured as {_label(search['measured_point'])}, with its batches scaled to every core and the rules' instance "
+                  "layout (not measured here: it needs the cores the other processes used), so nothing predicts its served throughput.")
     return f"{first} {second}{third}"
 
 
@@ -103,7 +109,8 @@ def _row(v: dict[str, Any], search: dict[str, Any]) -> list[str]:
 # -- helpers -------------------------------------------------------------------------------------
 
 def _chosen_variant(search: dict[str, Any]) -> dict[str, Any] | None:
-    return next((v for v in search.get("variants") or [] if v.get("point") == search.get("chosen") and v.get("status") == "measured"), None)
+    point = search.get("measured_point") or search.get("chosen")  # on a busy machine: the same batching on the free cores
+    return next((v for v in reversed(search.get("variants") or []) if v.get("point") == point and v.get("status") == "measured"), None)
 
 
 def _kind(search: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from optimizer.machine import cpu_cores
 from optimizer.model.samples import load_feeds
 from optimizer.records.served_search import OperatingPoint, ServedSearch, ServedVariant
 from optimizer.records.tune_result import TuneResult
+from optimizer.task.core_share import CoreShare, probe
 from optimizer.triton.local_serving import local_config, needs_translation, translation_note
 from optimizer.triton.model_config import canonical, config_signature, operating_point_of, parse
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer, write_input_data
@@ -115,10 +116,18 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
     if needs_translation(parse(text)):
         search.served_by += f"; {translation_note(parse(text))}"
     input_data, search.request_mix = request_mix(result, request.workdir)
-    space = SearchSpace.of(result.selected_candidate.decision, cpu_cores(), Device.of(artifact.device).is_cuda, search.concurrency or 0)
+    gpu = Device.of(artifact.device).is_cuda
+    share = None if gpu else probe()  # before the server starts: what is busy now is another job's
+    space = SearchSpace.of(result.selected_candidate.decision, len(share.cores) if share else cpu_cores(), gpu, search.concurrency or 0)
     search.start = reachable(search.start, space.concurrency)  # a preferred size the load cannot form only waits
+    first = search.start
+    if share is not None and share.reduced:
+        search.measured_on = share.to_json()
+        first = on_free_cores(search.start, share, artifact.platform.thread_parameter)
+        on_event(Event("serve", "progress", result.selected or "", f"{share.summary().replace('candidate', 'variant')}; "
+                       f"the instance layout stays the rules' {search.start.layout}"))
     deadline = time.monotonic() + request.budget_s
-    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home) as server:
+    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
         search.server = f"local tritonserver at {server.http_url}"
         window = [MIN_WINDOW_MS]
 
@@ -132,7 +141,7 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
             on_event(Event("serve", "progress", result.selected or "", f"{stage}: {point.label}: {mark}"))
             return variant
 
-        best = measure(search.start, "start")
+        best = measure(first, "start")
         if best.status != "measured":
             search.reason = f"the in-process rules' config could not be measured in the local server: {best.reason}"
             return
@@ -141,6 +150,9 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         search.status = "searched"
         best, search.stopped = _climb(best, space, measure, deadline, request)
         search.chosen = best.point
+        if share is not None and share.reduced:  # measured on the free cores: publish it scaled, with the rules' layout
+            search.measured_point = best.point
+            search.chosen = on_all_cores(best.point, search.start, share)
     _predict(search, result)
     for v in search.variants:
         v.differs = v.point.differences(search.chosen)
@@ -211,13 +223,29 @@ def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[Operating
         if not walk(first, "batch"):
             walk(second, "batch")
         up, _ = batch_steps(best.point, space)
-        each(up[:1] if up and up[0].preferred == best.point.preferred else [], "batch")  # capacity: max = largest fit
+        # capacity: max = largest fit, unless the max already holds the whole load: batch-1 requests at concurrency C never
+        # form a batch above C, so a larger max serves the same and measuring it could only publish the noise
+        observable = not space.concurrency or best.point.max_batch_size < space.concurrency
+        each(up[:1] if up and up[0].preferred == best.point.preferred and observable else [], "batch")
         each(delay_steps(best.point), "queue delay")
     except _OutOfTime:
         return best, f"the time budget ({request.budget_s:.0f} s, --serve-search-seconds) ran out"
     except _ServerGone as err:
         return best, f"{err}; the best variant measured before stands"
     return best, "no neighbour of the best variant served more"
+
+
+def on_free_cores(point: OperatingPoint, share: CoreShare, thread_parameter: str | None) -> OperatingPoint:
+    """The point as it is measured on the cores other processes left free: one instance using all of them, with the
+    batches that give each thread the share of work it gets on every core (task/core_share.py)."""
+    return replace(point, instances=1, threads=len(share.cores) if thread_parameter else point.threads,
+                   max_batch_size=share.to_measured_cores(point.max_batch_size), preferred=tuple(b for b in map(share.to_measured_cores, point.preferred) if b > 1))
+
+
+def on_all_cores(measured: OperatingPoint, start: OperatingPoint, share: CoreShare) -> OperatingPoint:
+    """A point measured on the free cores, as published for every core: its batches scaled, the rules' instance layout."""
+    return replace(measured, instances=start.instances, threads=start.threads, max_batch_size=share.to_all_cores(measured.max_batch_size),
+                   preferred=tuple(share.to_all_cores(b) for b in measured.preferred))
 
 
 def _mean(a: ServedVariant, b: ServedVariant) -> ServedVariant:
@@ -313,7 +341,7 @@ def _predict(search: ServedSearch, result: TuneResult) -> None:
     formed and the server's own cost per request (what validate's ratio is compared against)."""
     chosen = search.chosen_variant
     decision = result.selected_candidate.decision
-    if chosen is None or chosen.throughput is None:
+    if chosen is None or chosen.throughput is None or search.measured_point is not None:  # the published layout was not measured
         return
     search.predicted_throughput = round(chosen.throughput, 2)
     if decision is None or not decision.profiles:
@@ -340,5 +368,6 @@ def _summary(search: ServedSearch) -> str:
     start = next((v for v in search.variants if v.stage == "start"), None)
     if chosen is None or start is None or chosen.throughput is None or start.throughput is None:
         return "searched"
-    return (f"{chosen.point.label}: {chosen.throughput:.1f}/s p95 {chosen.p95_ms:.1f} ms at concurrency {search.concurrency} "
+    label = chosen.point.label if search.measured_point is None else f"{search.chosen.label} (measured as {chosen.point.layout} on the free cores)"
+    return (f"{label}: {chosen.throughput:.1f}/s p95 {chosen.p95_ms:.1f} ms at concurrency {search.concurrency} "
             f"(rules: {start.throughput:.1f}/s p95 {start.p95_ms:.1f} ms; {len(search.variants)} variants, {search.stopped})")

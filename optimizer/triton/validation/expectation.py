@@ -32,6 +32,7 @@ class ExportReference:
     profile_feed: Path | None = None  # the request mix in-process profiling and the served search timed
     predicted_concurrency: int | None = None  # the served search's concurrency (None: an in-process prediction)
     predicted_how: str = ""  # where the prediction comes from, in words
+    predicted_cores: str = ""  # "1 of 2 cores" when the export measured on the cores other processes left free ("" on all)
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
@@ -100,6 +101,8 @@ def load_export_reference(report_path: Path) -> ExportReference:
         profile_feed=_optional_sample_file(result.reference.profile_feed, report_dir),
         predicted_how=f"in-process at batch {best.batch_size}" if best else "",
     )
+    if served is None and result.measured_on and len(result.measured_on["cores"]) < len(result.measured_on["available"]):
+        reference.predicted_cores = f"{len(result.measured_on['cores'])} of {len(result.measured_on['available'])} cores"
     if search is not None and served is not None:
         cost = f" + the server's {search.per_request_ms:.3f} ms per request" if search.per_request_ms is not None else ""
         inproc = f"in-process {search.in_process_throughput:.1f}/s at the batch the server formed{cost}; " if search.in_process_throughput else ""

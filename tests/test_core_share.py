@@ -1,0 +1,171 @@
+"""Measuring beside another job's busy core: the probe leaves that core to it, measurements run on the rest,
+and what the throughput curve decided is scaled back to every core."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from optimizer.records.measurements import BatchProfile, MaxBatchDecision
+from optimizer.records.served_search import OperatingPoint, ServedVariant
+from optimizer.task.core_share import CoreShare, available_cores, probe
+from optimizer.task.find_max_batch_size import SCALABLE, scaled_for_cores
+from optimizer.task.profiling import ContentionMeter
+from optimizer.triton.served_search.points import SearchSpace
+from optimizer.triton.served_search.search import SearchRequest, _climb, on_all_cores, on_free_cores
+from tests.conftest import run_cli
+
+needs_two_cores = pytest.mark.skipif(len(available_cores()) < 2, reason="needs two cores: with one there is none to leave to another job")
+HALF = CoreShare((1,), (0, 1), 1.0)  # a two-core machine with core 0 kept busy by another job
+
+
+@contextmanager
+def spinning_on(core: int) -> Iterator[None]:
+    """Another job: a busy loop pinned to `core`."""
+    code = "import os, sys\nos.sched_setaffinity(0, [int(sys.argv[1])])\nwhile True:\n    pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(core)])
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _share_while_sleeping(seconds: float = 0.5) -> float:
+    meter, t0 = ContentionMeter(), time.monotonic()
+    time.sleep(seconds)
+    return meter.share(time.monotonic() - t0)
+
+
+# -- the probe and the meter ---------------------------------------------------------------------------
+
+
+@needs_two_cores
+def test_the_probe_leaves_a_core_another_job_keeps_busy_to_it():
+    busy = available_cores()[0]
+    with spinning_on(busy):
+        share = probe(0.5)
+    assert share.reduced and busy not in share.cores and share.pin == sorted(share.cores)
+    assert share.others_busy >= 0.6
+    assert "kept 1.0 of" in share.summary() or "kept 0.9 of" in share.summary()
+
+
+@needs_two_cores
+def test_a_quiet_machine_is_measured_on_every_core():
+    share = probe()
+    assert not share.reduced and share.pin is None and share.cores == available_cores()
+
+
+@needs_two_cores
+def test_contention_counts_only_the_cores_a_measurement_runs_on():
+    cores = available_cores()
+    before = os.sched_getaffinity(0)
+    with spinning_on(cores[0]):
+        everywhere = _share_while_sleeping()
+        os.sched_setaffinity(0, [cores[1]])
+        try:
+            away = _share_while_sleeping()
+        finally:
+            os.sched_setaffinity(0, before)
+    assert everywhere > 0.3  # one of two cores busy: the report's "others' CPU" column says so
+    assert away < 0.2  # pinned to the other core: the spinner does not disturb the measurement
+
+
+# -- scaling what fewer threads decided -----------------------------------------------------------------
+
+
+def _decision(decided_by: str, max_batch: int) -> MaxBatchDecision:
+    profiles = [BatchProfile(b, 1, 1, 1, 1, 1, 100.0 * b ** 0.1, 10, 3, True, 0.02, 0.0) for b in (1, 2, 4, 8)]
+    return MaxBatchDecision(profiles, max_batch, 2, 8, decided_by, peak=max_batch, largest_fit=8, search_stop="saturation")
+
+
+def test_batches_scale_by_the_share_of_cores_measured_in_powers_of_two():
+    assert (HALF.factor, HALF.to_all_cores(2), HALF.to_all_cores(1), HALF.to_measured_cores(4), HALF.to_measured_cores(1)) == (2, 4, 2, 2, 1)
+    six_of_eight = CoreShare((2, 3, 4, 5, 6, 7), tuple(range(8)), 2.0)
+    assert six_of_eight.to_all_cores(4) == 4 and six_of_eight.to_all_cores(8) == 8  # x1.33 rounds to the same power of two
+    quiet = CoreShare((0, 1), (0, 1), 0.0)
+    assert quiet.to_all_cores(4) == 4 and quiet.to_measured_cores(4) == 4
+
+
+def test_a_searched_max_measured_on_half_the_cores_is_doubled_and_says_so():
+    d = scaled_for_cores(_decision("peak", 2), HALF, 256)
+    assert (d.max_batch_size, d.measured_max, d.scaled_by) == (4, 2, 2)
+    assert "where the max was 2" in d.explanation and "scaled x2" in d.explanation
+    assert MaxBatchDecision.from_json(json.loads(json.dumps(d.to_json()))).measured_max == 2
+    assert scaled_for_cores(_decision("saturation", 8), HALF, 8).max_batch_size == 8  # never past the cap
+
+
+@pytest.mark.parametrize("decided_by", ["memory", "latency_budget", "user_cap", "recorded", "no_batching"])
+def test_limits_that_are_not_the_throughput_curve_are_not_scaled(decided_by: str):
+    d = scaled_for_cores(_decision(decided_by, 4), HALF, 256)
+    assert (d.max_batch_size, d.measured_max) == (4, 0)
+
+
+def test_nothing_is_scaled_on_a_quiet_machine():
+    assert scaled_for_cores(_decision("peak", 2), CoreShare((0, 1), (0, 1), 0.0), 256).max_batch_size == 2
+
+
+# -- the served search on the free cores -----------------------------------------------------------------
+
+
+def test_the_served_search_measures_one_instance_on_the_free_cores_and_publishes_the_rules_layout():
+    start = OperatingPoint(8, (4,), 200, 1, 2)
+    measured = on_free_cores(start, HALF, "intra_op_thread_count")
+    assert measured == OperatingPoint(4, (2,), 200, 1, 1)  # each thread gets the share of a batch it gets on two cores
+    assert on_free_cores(OperatingPoint(2, (2,), 0, 2, 1), HALF, "x").preferred == ()  # a preferred size of 1 is no batching
+    best = replace(measured, max_batch_size=8, preferred=(8,), queue_delay_us=0)
+    assert on_all_cores(best, start, HALF) == OperatingPoint(16, (16,), 0, 1, 2)
+
+
+def test_a_larger_max_the_load_cannot_fill_is_not_measured():
+    """At concurrency 4 batch-1 requests never form a batch above 4: a max of 64 would serve the same, so measuring
+    it could only publish whichever way the noise fell."""
+    measured: list[OperatingPoint] = []
+
+    def measure(point: OperatingPoint, stage: str) -> ServedVariant:
+        measured.append(point)
+        return ServedVariant(point, stage, throughput=100.0, p50_ms=5.0, p95_ms=10.0, p99_ms=12.0, seconds=1.0)
+
+    start = OperatingPoint(4, (4,), 0, 1, 1)
+    _climb(measure(start, "start"), SearchSpace(64, False, 1, False, concurrency=4), measure, time.monotonic() + 60, SearchRequest(Path(".")))
+    assert not any(p.max_batch_size > 4 and p.preferred == (4,) for p in measured)
+
+
+# -- end to end ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_two_cores
+def test_an_export_beside_a_busy_core_measures_on_the_free_one_and_scales_the_max(in_tmp: Path):
+    busy = available_cores()[0]
+    with spinning_on(busy):
+        r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
+                    "--serve-search-seconds", "25", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    assert "kept" in r.stderr and "scaled" in r.stderr  # the user is told, in the run and in the report
+    doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
+    result = doc["result"]
+    assert busy not in result["measured_on"]["cores"] and len(result["measured_on"]["cores"]) < len(result["measured_on"]["available"])
+    decision = next(c for c in result["candidates"] if c["name"] == result["selected"])["decision"]
+    assert all(p["others_cpu_share"] < 0.25 for p in decision["profiles"])  # pinned away from the spinner
+    share = CoreShare.from_json(result["measured_on"])
+    assert decision["decided_by"] in SCALABLE and decision["measured_max"] and decision["scaled_by"] == round(share.factor, 3)
+    assert result["max_batch_size"] == min(256, share.to_all_cores(decision["measured_max"]))
+    search = doc["published"]["served_search"]
+    if search["status"] == "searched":
+        assert busy not in search["measured_on"]["cores"]
+        assert all(v["point"]["instances"] == 1 for v in search["variants"])  # one instance on the free core
+        config = doc["published"]["config"]
+        assert config["instance_group"]["count"] == search["start"]["instances"]  # the rules' layout, for every core
+        assert config["max_batch_size"] == search["chosen"]["max_batch_size"]
+    assert f"Measured on 1/{share.factor:g} of the cores" in (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
