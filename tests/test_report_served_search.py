@@ -173,3 +173,18 @@ def test_an_older_report_without_a_served_search_renders_as_before(tmp_path: Pat
     shutil.copy(FIXTURES / "report_cnn.json", tmp_path / "report.json")
     rendered = write_report_files(tmp_path / "report.json")
     assert "## Served search" not in rendered.markdown.read_text() and "served_search" not in rendered.plots
+
+
+def test_a_search_on_the_free_cores_says_so_and_shows_what_it_measured():
+    """Beside another job the variants ran as one instance on the free core; the published point (scaled, with the
+    rules' layout) was never served as such, so the story names the measured variant and predicts nothing."""
+    measured = OperatingPoint(4, (4,), 0, 1, 1)
+    published = OperatingPoint(8, (8,), 0, 1, 2)
+    doc = _search(chosen=published.to_json(), measured_point=measured.to_json(), predicted_throughput=None, in_process_throughput=None,
+                  per_request_ms=None, measured_on={"cores": [1], "available": [0, 1], "others_busy": 1.0},
+                  variants=[ServedVariant(measured, "batch", throughput=243.1, p50_ms=20.0, p95_ms=23.3, p99_ms=25.0, seconds=5.0).to_json()])
+    md = served_search_section(json.loads(json.dumps(doc)))
+    assert "Other processes kept 1.0 of 2 cores busy" in md and "measured as max 4 pref [4] delay 0us 1x1t" in md
+    assert "243.1" in md  # the published point's numbers are the measured variant's, labelled as such
+    assert "Prediction:" not in md
+    assert served_search_figure(doc) is not None

@@ -61,10 +61,11 @@ class CoreShare:
         """The inverse of to_all_cores: the batch to measure here for `batch` on every available core."""
         return batch if not self.reduced or batch <= 0 else 1 << max(0, round(math.log2(batch / self.factor)))
 
-    def summary(self) -> str:
+    def summary(self, what: str = "candidate") -> str:
+        """One sentence for the warning and the progress line; `what` names the things measured."""
         return (f"other processes kept {self.others_busy:.1f} of {len(self.available)} cores busy when measuring began, so every "
-                f"candidate was measured on {len(self.cores)} core(s) ({', '.join(map(str, sorted(self.cores)))}) with as many "
-                f"threads: throughputs are below what an idle machine gives, the comparison between candidates holds, and a "
+                f"{what} was measured on {len(self.cores)} core(s) ({', '.join(map(str, sorted(self.cores)))}) with as many "
+                f"threads: throughputs are below what an idle machine gives, the comparison between {what}s holds, and a "
                 f"searched max batch is scaled x{self.factor:g} for all {len(self.available)} cores")
 
     def to_json(self) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class CandidateScheduler:
             ctx.on_event(Event("build", "skipped", s.name, s.reason))
         self.total = 2 * len(runnable) + (1 if measure_eager else 0)  # build + measure each, measure eager
         eager = None
-        if runnable or measure_eager:
+        if (runnable or measure_eager) and ctx.device.kind == "cpu":  # a GPU's batch curve does not depend on the host's threads
             self.core_share = probe()  # before any child of ours runs: what it sees busy is another job's
             if self.core_share.reduced:
                 ctx.on_event(Event("profile", "progress", "", self.core_share.summary()))

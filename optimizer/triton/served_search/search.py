@@ -124,7 +124,7 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
     if share is not None and share.reduced:
         search.measured_on = share.to_json()
         first = on_free_cores(search.start, share, artifact.platform.thread_parameter)
-        on_event(Event("serve", "progress", result.selected or "", f"{share.summary().replace('candidate', 'variant')}; "
+        on_event(Event("serve", "progress", result.selected or "", f"{share.summary('variant')}; "
                        f"the instance layout stays the rules' {search.start.layout}"))
     deadline = time.monotonic() + request.budget_s
     with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
@@ -152,7 +152,7 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         search.chosen = best.point
         if share is not None and share.reduced:  # measured on the free cores: publish it scaled, with the rules' layout
             search.measured_point = best.point
-            search.chosen = on_all_cores(best.point, search.start, share)
+            search.chosen = reachable(on_all_cores(best.point, search.start, share), space.concurrency)
     _predict(search, result)
     for v in search.variants:
         v.differs = v.point.differences(search.chosen)
