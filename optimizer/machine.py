@@ -20,9 +20,14 @@ NGC_VERSION_VARIABLES = ("NVIDIA_PYTORCH_VERSION", "NVIDIA_TRITON_SERVER_VERSION
 """Set by NVIDIA's container images; recorded so a server image can refuse artifacts from another release."""
 
 
+def available_cores() -> tuple[int, ...]:
+    """The CPU cores this process may run on (the affinity mask, not the machine's total), in order."""
+    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
+
+
 def cpu_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """How many CPU cores this process may run on: runtimes size their thread pools from this."""
+    return len(available_cores())
 
 
 def cpu_model() -> str:

@@ -15,9 +15,10 @@ from typing import Iterator
 
 import pytest
 
+from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.served_search import OperatingPoint, ServedVariant
-from optimizer.task.core_share import CoreShare, available_cores, probe
+from optimizer.task.core_share import CoreShare, probe
 from optimizer.task.find_max_batch_size import SCALABLE, scaled_for_cores
 from optimizer.task.profiling import ContentionMeter
 from optimizer.triton.served_search.points import SearchSpace

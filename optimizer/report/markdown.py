@@ -229,7 +229,11 @@ def _max_batch(result: TuneResult, published_max: int | None = None) -> str:
     header = ("batch", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "stable", "cv", "others' CPU", "peak RSS MiB")
     rows = []
     for p in sorted(d.profiles + d.over_budget, key=lambda p: p.batch_size):
-        mark = " (published max)" if p.batch_size == result.max_batch_size and not d.measured_max else " (max, before scaling)" if p.batch_size == d.measured_max else (" (over budget)" if p in d.over_budget else "")
+        mark = ""
+        if p.batch_size == (d.measured_max or result.max_batch_size):
+            mark = " (max, before scaling)" if d.measured_max else " (published max)"
+        elif p in d.over_budget:
+            mark = " (over budget)"
         rows.append([f"{p.batch_size}{mark}", f"{p.throughput:.1f}", _ms(p.p50_ms), _ms(p.p95_ms), _ms(p.p99_ms),
                      "yes" if p.stable else "no", f"{p.cv:.2f}" if p.cv >= 0 else "n/a", f"{100 * p.others_cpu_share:.0f}%", f"{p.peak_rss_mb:.0f}"])
     lines.append(_table(header, rows))

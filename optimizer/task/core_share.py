@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from optimizer.machine import available_cores
+
 log = logging.getLogger(__name__)
 
 PROBE_S = 1.0
@@ -76,10 +78,6 @@ class CoreShare:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CoreShare:
         return cls(tuple(d["cores"]), tuple(d["available"]), float(d["others_busy"]))
-
-
-def available_cores() -> tuple[int, ...]:
-    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
 
 
 def read_cpu_busy() -> dict[int, int] | None:

@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile
-from optimizer.task.core_share import available_cores, own_ticks, read_cpu_busy
+from optimizer.task.core_share import own_ticks, read_cpu_busy
 
 
 @dataclass(frozen=True)
