@@ -18,6 +18,7 @@ import click
 
 from optimizer._version import __version__
 from optimizer.errors import Interrupted, OptimizerError
+from optimizer.records.served_search import ServedSearch
 from optimizer.settings import ExportSettings, load_settings_file, settings_from
 from optimizer.vocab import PRECISIONS, Device
 
@@ -116,17 +117,20 @@ def settings_from_cli(model: str | None, config: str | None, options: dict[str, 
 
 
 def _served_search_line(search: dict[str, Any]) -> str:
-    """One line: what the served search chose and measured, or why it did not run."""
+    """One line: what the served search chose and measured, for which load, or why it did not run."""
     if search["status"] != "searched":
         return f"served search {search['status']}: {search['reason']}"
-    chosen = next((v for v in search["variants"] if v["point"] == search["chosen"] and v["status"] == "measured"), None)
-    start = next((v for v in search["variants"] if v["stage"] == "start"), None)
-    label = " (stand-in backend)" if search["stand_in"] else ""
-    if chosen is None or start is None:
-        return f"served search: {len(search['variants'])} variants"
-    return (f"served search: {chosen['label']} serves {chosen['throughput']:.1f}/s, p95 {chosen['p95_ms']:.1f} ms at concurrency "
-            f"{search['concurrency']}{label}; the in-process rules' config served {start['throughput']:.1f}/s, p95 {start['p95_ms']:.1f} ms "
-            f"({len(search['variants'])} variants in {search['seconds']:.0f} s; {search['stopped']})")
+    found = ServedSearch.from_json(search)
+    chosen, start = found.chosen_variant, next((v for v in found.variants if v.stage == "start"), None)
+    label = " (stand-in backend)" if found.stand_in else ""
+    if chosen is None or start is None or chosen.throughput is None or start.throughput is None:
+        return f"served search: {len(found.variants)} variants"
+    pct = found.percentile
+    where = " on the free cores" if found.on_free_cores else ""
+    return (f"served search for {found.load}: {chosen.point.label} serves {chosen.throughput:.1f}/s, p{pct} "
+            f"{chosen.level(chosen.concurrency or 0).latency(pct) if chosen.level(chosen.concurrency or 0) else chosen.p95_ms:.1f} ms "
+            f"at concurrency {chosen.concurrency}{where}{label}; the in-process rules' config served {start.throughput:.1f}/s at concurrency "
+            f"{start.concurrency} ({len(found.variants)} variants in {found.seconds:.0f} s; {found.stopped})")
 
 
 @main.command()
@@ -363,10 +367,17 @@ def _print_validation(record: Any) -> None:
         for r in record.perf["rows"]:
             batch = f"{r['server_batch']:.2f}" if r.get("server_batch") else "-"
             click.echo(f"    {r['concurrency']:>11}  {r['throughput']:>7.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {batch:>12}")
-        if record.throughput_ratio is not None:
+        if record.predictions:
+            each = ", ".join(f"{p['served']:.1f}/{p['predicted']:.1f} at {p['concurrency']}" for p in record.predictions)
+            click.echo(f"  served / predicted at loads the served search did not measure = {record.throughput_ratio:.2f}x ({each}; "
+                       f"{record.predicted_by}: {record.predicted_how})")
+        elif record.throughput_ratio is not None:
             at = f"at concurrency {record.predicted_concurrency}" if record.predicted_concurrency else "best"
             click.echo(f"  served {at} = {record.throughput_ratio:.2f}x the predicted {record.predicted_throughput:.1f} infer/s "
                        f"({record.predicted_by}: {record.predicted_how})")
+        if record.repeatability:
+            each = ", ".join(f"{r['ratio']:.2f} at {r['concurrency']} ({r['served']:.1f} vs {r['searched']:.1f}/s)" for r in record.repeatability)
+            click.echo(f"  repeatability (same config, same load as the served search): {each}")
     for note in record.notes:
         click.echo(f"  note: {note}")
     click.echo(f"  record {Path(record.output_dir) / 'validation.json'}")

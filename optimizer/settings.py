@@ -66,8 +66,9 @@ class ExportSettings:
     cache: bool = _opt(True, "--cache", "Reuse builds and measurements of an identical earlier run (--no-cache rebuilds and re-measures everything).", secondary="--no-cache", group="Measurement")
     cache_dir: str | None = _opt(None, "--cache-dir", "The one cache root: builds, measurements, TensorRT timing caches and the local tritonserver's home (default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
     serve_search: str = _opt("on", "--serve-search", "on: choose max batch, preferred sizes, queue delay and instances by measuring variants in the local tritonserver with perf_analyzer; off: publish the in-process rules.", choices=("on", "off"), group="Serving")
-    concurrency: int | None = _opt(None, "--concurrency", "The load the served config is tuned for: concurrent requests (default: two peak batches in flight).", metavar="N", group="Serving")
-    serve_search_seconds: float | None = _opt(None, "--serve-search-seconds", "Time the served search may take, server start included; it stops with the best variant so far (default: 40% of the tuning time, at least 25 s).", metavar="SECONDS", group="Serving")
+    concurrency: int | None = _opt(None, "--concurrency", "The load the served config is tuned for: N concurrent requests (default: none; with --latency-budget-ms the most throughput within the budget at any load, else the most throughput the config sustains, found by a concurrency sweep per variant).", metavar="N", group="Serving")
+    serve_search_seconds: float | None = _opt(None, "--serve-search-seconds", "Time the served search may take, server start included; it stops with the best variant measured so far (default: 40% of the tuning time, at least 90 s).", metavar="SECONDS", group="Serving")
+    wait_for_cores_s: float = _opt(0.0, "--wait-for-cores", "When other processes keep cores busy as the served search begins, wait up to this many seconds for them before measuring on the cores they leave free (default 0: measure on the free cores at once and publish what was measured there).", metavar="SECONDS", group="Serving")
     validate: bool = _opt(False, "--validate", "After publishing, load the model into a local tritonserver, check answers and run perf_analyzer.", secondary="--no-validate", group="Validation")
     validate_concurrency: str = _opt("auto", "--validate-concurrency", "perf_analyzer's concurrency sweep for --validate, START:END[:STEP]; auto: 1:8, or four levels up to the served search's concurrency.", metavar="RANGE", group="Validation")
 
@@ -94,6 +95,8 @@ class ExportSettings:
             raise SettingsError(f"--concurrency {self.concurrency} must be from 1 to 4096 concurrent requests.")
         if self.serve_search_seconds is not None and not self.serve_search_seconds > 0:
             raise SettingsError(f"--serve-search-seconds {self.serve_search_seconds:g} must be positive; use --serve-search off to skip the search.")
+        if not self.wait_for_cores_s >= 0:
+            raise SettingsError(f"--wait-for-cores {self.wait_for_cores_s:g} must be 0 or more seconds.")
         if self.serve_search not in ("on", "off"):
             raise SettingsError(f"--serve-search {self.serve_search!r} is not on or off.")
 

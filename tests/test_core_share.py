@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -17,12 +16,12 @@ import pytest
 
 from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile, MaxBatchDecision
-from optimizer.records.served_search import OperatingPoint, ServedVariant
+from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.task.core_share import CoreShare, probe
-from optimizer.task.find_max_batch_size import SCALABLE, scaled_for_cores
+from optimizer.task.find_max_batch_size import scaled_for_cores
 from optimizer.task.profiling import ContentionMeter
-from optimizer.triton.served_search.points import SearchSpace
-from optimizer.triton.served_search.search import SearchRequest, _climb, on_all_cores, on_free_cores
+from optimizer.triton.model_config import parse
+from optimizer.triton.served_search.points import on_free_cores
 from tests.conftest import run_cli
 
 needs_two_cores = pytest.mark.skipif(len(available_cores()) < 2, reason="needs two cores: with one there is none to leave to another job")
@@ -101,9 +100,17 @@ def test_batches_scale_by_the_share_of_cores_measured_in_powers_of_two():
 def test_a_searched_max_measured_on_half_the_cores_is_doubled_and_says_so():
     d = scaled_for_cores(_decision("peak", 2), HALF, 256)
     assert (d.max_batch_size, d.measured_max, d.scaled_by) == (4, 2, 2)
+    assert d.peak == 4  # the preferred size moves with the max: never max 2p with preferred [p]
     assert "where the max was 2" in d.explanation and "scaled x2" in d.explanation
     assert MaxBatchDecision.from_json(json.loads(json.dumps(d.to_json()))).measured_max == 2
     assert scaled_for_cores(_decision("saturation", 8), HALF, 8).max_batch_size == 8  # never past the cap
+
+
+def test_a_scaled_max_never_passes_the_largest_batch_that_fit():
+    d = _decision("peak", 8)  # the largest batch that fit in-process is 8 (memory ended the growth there)
+    d.search_stop = "memory"
+    scaled = scaled_for_cores(d, HALF, 256)
+    assert scaled.max_batch_size == 8 and scaled.measured_max == 0  # 16 was never measured: not published
 
 
 @pytest.mark.parametrize("decided_by", ["memory", "latency_budget", "user_cap", "recorded", "no_batching"])
@@ -119,27 +126,10 @@ def test_nothing_is_scaled_on_a_quiet_machine():
 # -- the served search on the free cores -----------------------------------------------------------------
 
 
-def test_the_served_search_measures_one_instance_on_the_free_cores_and_publishes_the_rules_layout():
-    start = OperatingPoint(8, (4,), 200, 1, 2)
-    measured = on_free_cores(start, HALF, "intra_op_thread_count")
-    assert measured == OperatingPoint(4, (2,), 200, 1, 1)  # each thread gets the share of a batch it gets on two cores
-    assert on_free_cores(OperatingPoint(2, (2,), 0, 2, 1), HALF, "x").preferred == ()  # a preferred size of 1 is no batching
-    best = replace(measured, max_batch_size=8, preferred=(8,), queue_delay_us=0)
-    assert on_all_cores(best, start, HALF) == OperatingPoint(16, (16,), 0, 1, 2)
-
-
-def test_a_larger_max_the_load_cannot_fill_is_not_measured():
-    """At concurrency 4 batch-1 requests never form a batch above 4: a max of 64 would serve the same, so measuring
-    it could only publish whichever way the noise fell."""
-    measured: list[OperatingPoint] = []
-
-    def measure(point: OperatingPoint, stage: str) -> ServedVariant:
-        measured.append(point)
-        return ServedVariant(point, stage, throughput=100.0, p50_ms=5.0, p95_ms=10.0, p99_ms=12.0, seconds=1.0)
-
-    start = OperatingPoint(4, (4,), 0, 1, 1)
-    _climb(measure(start, "start"), SearchSpace(64, False, 1, False, concurrency=4), measure, time.monotonic() + 60, SearchRequest(Path(".")))
-    assert not any(p.max_batch_size > 4 and p.preferred == (4,) for p in measured)
+def test_the_served_search_measures_one_instance_on_the_free_cores_and_publishes_it_as_measured():
+    start = OperatingPoint(8, (4,), 200, 2, 1)
+    assert on_free_cores(start, 1, "intra_op_thread_count") == OperatingPoint(8, (4,), 200, 1, 1)
+    assert on_free_cores(start, 3, None).threads == 1  # no thread parameter: the artifact's own setting stays
 
 
 # -- end to end ----------------------------------------------------------------------------------------------
@@ -147,11 +137,11 @@ def test_a_larger_max_the_load_cannot_fill_is_not_measured():
 
 @pytest.mark.slow
 @needs_two_cores
-def test_an_export_beside_a_busy_core_measures_on_the_free_one_and_scales_the_max(in_tmp: Path):
+def test_an_export_beside_a_busy_core_measures_on_the_free_one_and_publishes_what_it_measured(in_tmp: Path):
     busy = available_cores()[0]
     with spinning_on(busy):
-        r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
-                    "--serve-search-seconds", "25", cwd=in_tmp)
+        r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "4",
+                    "--serve-search-seconds", "40", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     assert "kept" in r.stderr and "scaled" in r.stderr  # the user is told, in the run and in the report
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
@@ -159,14 +149,15 @@ def test_an_export_beside_a_busy_core_measures_on_the_free_one_and_scales_the_ma
     assert busy not in result["measured_on"]["cores"] and len(result["measured_on"]["cores"]) < len(result["measured_on"]["available"])
     decision = next(c for c in result["candidates"] if c["name"] == result["selected"])["decision"]
     assert all(p["others_cpu_share"] < 0.25 for p in decision["profiles"])  # pinned away from the spinner
-    share = CoreShare.from_json(result["measured_on"])
-    assert decision["decided_by"] in SCALABLE and decision["measured_max"] and decision["scaled_by"] == round(share.factor, 3)
-    assert result["max_batch_size"] == min(256, share.to_all_cores(decision["measured_max"]))
-    search = doc["published"]["served_search"]
-    if search["status"] == "searched":
-        assert busy not in search["measured_on"]["cores"]
-        assert all(v["point"]["instances"] == 1 for v in search["variants"])  # one instance on the free core
-        config = doc["published"]["config"]
-        assert config["instance_group"]["count"] == search["start"]["instances"]  # the rules' layout, for every core
-        assert config["max_batch_size"] == search["chosen"]["max_batch_size"]
-    assert f"Measured on 1/{share.factor:g} of the cores" in (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
+    search = ServedSearch.from_json(doc["published"]["served_search"])
+    assert search.status == "searched", search.reason
+    assert search.on_free_cores and busy not in search.measured_on["cores"]
+    assert all(v.point.instances == 1 and v.point.threads == 1 for v in search.variants)  # one instance on the free core
+    chosen = search.chosen_variant
+    assert chosen is not None and chosen.point == search.chosen  # published as measured, never scaled
+    config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
+    assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, 1)
+    assert config.max_batch_size <= max(decision["largest_fit"], decision["measured_max"])
+    text = (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text()
+    assert text.startswith("# aitune-export:") and "of 2 cores" in text  # the config says where it was measured
+    assert "published as it was measured there" in (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()

@@ -11,7 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
-from optimizer.records.served_search import OperatingPoint, ServedSearch, ServedVariant
+from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, ServedVariant
 from optimizer.report.markdown import write_report_files
 from optimizer.report.plots import SERVED_SEARCH_FILE, served_search_figure, short_label, write_served_search_plot
 from optimizer.report.served_search_section import served_search_section
@@ -24,22 +24,31 @@ BIG = OperatingPoint(8, (8,), 0, 2, 1)
 BROKEN = OperatingPoint(16, (16,), 0, 2, 1)
 
 
+def _measured(point: OperatingPoint, stage: str, curve: list[tuple[int, float, float]], batch: float | None = None) -> ServedVariant:
+    """A variant with its curve (concurrency, throughput, p95) scored at its best level."""
+    levels = [LoadLevel(c, tp, p95 * 0.75, p95 * 0.9, p95, p95 * 1.1, batch) for c, tp, p95 in curve]
+    v = ServedVariant(point, stage, curve=levels, seconds=5.0)
+    v.score_at(max(levels, key=lambda lv: lv.throughput))
+    return v
+
+
 def _search(stand_in: bool = True, **overrides) -> dict:
     """A searched run that published BIG over the rules' START, with one variant that failed to load."""
     variants = [
-        ServedVariant(START, "start", throughput=455.0, p50_ms=8.36, p95_ms=10.7, p99_ms=11.4, server_batch=1.99, seconds=5.1),
-        ServedVariant(WIDE, "instances", throughput=430.6, p50_ms=8.49, p95_ms=13.73, p99_ms=15.88, server_batch=1.49, seconds=5.1),
-        ServedVariant(BIG, "batch", throughput=612.3, p50_ms=11.8, p95_ms=17.67, p99_ms=23.11, server_batch=5.5, seconds=5.2),
-        ServedVariant(BROKEN, "batch", status="failed", reason="the config is refused: too big", seconds=0.4),
+        _measured(START, "start", [(4, 455.0, 10.7)], 1.99),
+        _measured(WIDE, "coarse", [(4, 430.6, 13.73), (8, 440.0, 25.0)], 1.49),
+        _measured(BIG, "coarse", [(4, 480.0, 9.0), (8, 612.3, 17.67)], 5.5),
+        ServedVariant(BROKEN, "coarse", status="failed", reason="the config is refused: too big", seconds=0.4),
     ]
     for v in variants:
         v.differs = v.point.differences(BIG)
     search = ServedSearch(
-        status="searched", concurrency=4, concurrency_source="default: two peak batches in flight per instance",
+        status="searched", objective="max-throughput", load="the most throughput the config sustains", concurrency=8,
+        concurrency_source="where the published variant reached its peak in its sweep",
         served_by="stand-in backend: Triton's python backend runs backends/onnxruntime/model.py" if stand_in else "native backend",
         stand_in=stand_in, server="local tritonserver at 127.0.0.1:1", request_mix="the profiled sample (image 3x64x64)",
-        start=START, chosen=BIG, variants=variants, stopped="no neighbour of the best variant served more", seconds=16.0,
-        budget_s=25.0, in_process_throughput=580.25, per_request_ms=0.0899, predicted_throughput=612.3,
+        start=START, chosen=BIG, variants=variants, stopped="every variant of the coarse pass and the refinement was measured",
+        seconds=16.0, budget_s=25.0, in_process_throughput=580.25, per_request_ms=0.0899, predicted_throughput=612.3,
     )
     doc = search.to_json()
     doc.update(overrides)
@@ -60,35 +69,40 @@ def _rows(md: str) -> list[list[str]]:
     return rows
 
 
-def test_table_has_every_variant_in_order_with_its_numbers_and_marks_the_published_row():
+def test_table_has_every_variant_in_order_with_its_numbers_and_its_curve_and_marks_the_published_row():
     search = _search()
     md = served_search_section(search)
     assert md.startswith("## Served search\n")
     rows = _rows(md)
     assert [r[0] for r in rows] == [v["stage"] for v in search["variants"]]
-    for row, v in zip(rows, search["variants"]):
-        assert v["label"] in row[1]
-        if v["throughput"] is not None:
-            assert float(row[3]) == round(v["throughput"], 1)
-            assert [float(c) for c in row[4:7]] == [round(v[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
-            assert float(row[7]) == round(v["server_batch"], 2)
+    measured = [(row, v) for row, v in zip(rows, search["variants"]) if v["throughput"] is not None]
+    assert len(measured) == 3
+    for row, v in measured:
+        assert v["label"] in row[1] and row[3] == str(v["concurrency"])
+        assert float(row[4]) == round(v["throughput"], 1)
+        assert [float(c) for c in row[5:8]] == [round(v[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
+        assert float(row[8]) == round(v["server_batch"], 2)
+    assert measured[2][0][9] == "4: 480, 8: 612"  # BIG's curve: each load its sweep measured
     published = [r for r in rows if "(published)" in r[1]]
     assert len(published) == 1 and published[0][1] == f"**{BIG.label}** (published)" and published[0][2] == "published"
     assert rows[0][2] == "max_batch_size 2 (published 8), preferred [2] (published [8]), queue_delay_us 249 (published 0), instances 1 (published 2), threads 2 (published 1)"
-    assert rows[3][-1] == "failed: the config is refused: too big" and rows[3][3] == ""
+    assert rows[3][-1] == "failed: the config is refused: too big" and rows[3][4] == ""
 
 
 def test_the_sentences_name_the_load_the_backend_the_choice_and_the_prediction():
     md = served_search_section(_search())
     text = md.split("\n\n")[1]
-    assert "concurrency 4 (default: two peak batches in flight per instance)" in text and "without a latency budget" in text
+    assert text.startswith("Chosen for the most throughput the config sustains.")
+    assert "scored at concurrency 8 (where the published variant reached its peak in its sweep)" in text
     assert "the profiled sample (image 3x64x64)" in text
-    assert "4 variants in 16 s" in text and "stopped: no neighbour of the best variant served more" in text
+    assert "4 variants in 16 s" in text and "stopped: every variant of the coarse pass" in text
     assert f"Published **{BIG.label}**" in text and f"instead of the in-process rules' {START.label}" in text
-    assert "612.3 infer/s served (stand-in)" in text and "580.2 samples/s in-process at the server-formed batch 5.50" in text
+    assert "612.3 infer/s served (stand-in) at concurrency 8" in text and "580.2 samples/s in-process at the server-formed batch 5.50" in text
     assert "0.090 ms per request (stand-in)" in text
     budgeted = served_search_section(_search(latency_budget_ms=20.0))
     assert "within a p95 latency budget of 20 ms" in budgeted
+    settled = served_search_section(_search(settled="A and B served within 2.0% of each other, measured A B A B at concurrency 8: A kept"))
+    assert "Close call: A and B served within 2.0%" in settled
 
 
 def test_every_served_number_is_labelled_stand_in_or_native():
@@ -116,20 +130,20 @@ def test_skipped_and_off_say_why_and_that_the_rules_stand():
     assert write_served_search_plot(skipped, Path("/nonexistent")) is None
 
 
-def test_plot_marks_the_published_point_and_labels_each_variant(tmp_path: Path):
+def test_plot_draws_one_curve_per_variant_and_marks_the_published_point(tmp_path: Path):
     search = _search()
     fig = served_search_figure(search)
     ax = fig.axes[0]
-    lines = {line.get_label(): line for line in ax.get_lines()}
-    star = lines["published"]
-    assert star.get_marker() == "*" and list(star.get_xdata()) == [17.67] and list(star.get_ydata()) == [612.3]
-    assert list(lines["in-process rules"].get_xdata()) == [10.7]
-    assert list(lines["variants"].get_ydata()) == [455.0, 430.6, 612.3]  # the failed variant has no point
-    assert {t.get_text() for t in ax.texts} == {short_label(p.to_json()) for p in (START, WIDE, BIG)}
+    lines = ax.get_lines()
+    curves = [line for line in lines if len(line.get_xdata()) and line.get_marker() != "*"]
+    assert sorted(tuple(line.get_xdata()) for line in curves) == [(4,), (4, 8), (4, 8)]  # the failed variant has no curve
+    star = next(line for line in lines if line.get_marker() == "*")
+    assert list(star.get_xdata()) == [8] and list(star.get_ydata()) == [612.3]  # where the published variant was scored
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"published: {short_label(BIG.to_json())}" in legend and f"rules: {short_label(START.to_json())}" in legend
     assert short_label(BIG.to_json()) == "max 8 pref[8] 2x1t d0"
-    assert "published" in [t.get_text() for t in ax.get_legend().get_texts()]
-    assert ax.get_title() == "served search at concurrency 4 (stand-in backend)"
-    assert served_search_figure(_search(stand_in=False)).axes[0].get_title() == "served search at concurrency 4"
+    assert ax.get_title() == "served search: max-throughput (stand-in backend)" and ax.get_xscale() == "log"
+    assert served_search_figure(_search(stand_in=False)).axes[0].get_title() == "served search: max-throughput"
     path = write_served_search_plot(search, tmp_path)
     assert path == tmp_path / SERVED_SEARCH_FILE and path.read_bytes()[:8] == PNG
 
@@ -175,16 +189,13 @@ def test_an_older_report_without_a_served_search_renders_as_before(tmp_path: Pat
     assert "## Served search" not in rendered.markdown.read_text() and "served_search" not in rendered.plots
 
 
-def test_a_search_on_the_free_cores_says_so_and_shows_what_it_measured():
-    """Beside another job the variants ran as one instance on the free core; the published point (scaled, with the
-    rules' layout) was never served as such, so the story names the measured variant and predicts nothing."""
-    measured = OperatingPoint(4, (4,), 0, 1, 1)
-    published = OperatingPoint(8, (8,), 0, 1, 2)
-    doc = _search(chosen=published.to_json(), measured_point=measured.to_json(), predicted_throughput=None, in_process_throughput=None,
-                  per_request_ms=None, measured_on={"cores": [1], "available": [0, 1], "others_busy": 1.0},
-                  variants=[ServedVariant(measured, "batch", throughput=243.1, p50_ms=20.0, p95_ms=23.3, p99_ms=25.0, seconds=5.0).to_json()])
+def test_a_search_on_the_free_cores_says_so_and_publishes_what_it_measured():
+    """Beside another job the variants ran as one instance on the free core; the published point is the one measured
+    there, and the story says it was not scaled to the cores it did not run on."""
+    measured = OperatingPoint(4, (), 0, 1, 1)
+    doc = _search(chosen=measured.to_json(), measured_on={"cores": [1], "available": [0, 1], "others_busy": 1.0},
+                  variants=[_measured(measured, "coarse", [(4, 243.1, 23.3)]).to_json()])
     md = served_search_section(json.loads(json.dumps(doc)))
-    assert "Other processes kept 1.0 of 2 cores busy" in md and "measured as max 4 pref [4] delay 0us 1x1t" in md
-    assert "243.1" in md  # the published point's numbers are the measured variant's, labelled as such
-    assert "Prediction:" not in md
+    assert "Other processes kept 1.0 of 2 cores busy" in md and "published as it was measured there, not scaled" in md
+    assert f"**{measured.label}** (published)" in md and "243.1" in md
     assert served_search_figure(doc) is not None

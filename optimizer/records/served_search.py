@@ -1,17 +1,21 @@
-"""Served-search records: an operating point of the served config, one measured variant, and the search.
+"""Served-search records: an operating point of the served config, one measured variant with its load curve, and the search.
 
 Plain data with JSON round trips: the search (triton/served_search) writes them, publishing applies
 the chosen point, report.json keeps every variant under `published.served_search`, and `validate`
-reads the prediction back.
+reads the curve back to predict the loads the search did not measure.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SEARCH_STATUSES = ("searched", "skipped", "off")
-"""searched: measured in the local server; skipped: it could not serve this artifact (reason says why); off: not asked."""
+"""searched: measured in a tritonserver; skipped: it could not serve this artifact (reason says why); off: not asked."""
+
+OBJECTIVES = ("concurrency", "latency", "max-throughput")
+"""concurrency: the most throughput at --concurrency N; latency: the most throughput at any load whose percentile latency
+meets --latency-budget-ms; max-throughput: the most throughput the config sustains (Model Analyzer's default objective)."""
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,7 @@ class OperatingPoint:
     @property
     def label(self) -> str:
         """One short line a table cell or a plot label can hold."""
-        pref = ",".join(map(str, self.preferred)) or "-"
-        return f"max {self.max_batch_size} pref [{pref}] delay {self.queue_delay_us}us {self.layout}"
+        return point_label(self.to_json())
 
     @property
     def layout(self) -> str:
@@ -55,21 +58,69 @@ class OperatingPoint:
         return cls(**d)
 
 
+def point_label(point: dict[str, Any] | None) -> str:
+    """The one label of a point, from its JSON form: the search's log, report.md, the plot and the benchmarks all use it."""
+    if not point:
+        return "?"
+    pref = ",".join(map(str, point.get("preferred") or ())) or "-"
+    threads = point.get("threads")
+    layout = f"{point.get('instances', 1)}x{threads}t" if threads else f"{point.get('instances', 1)} inst"
+    return f"max {point.get('max_batch_size')} pref [{pref}] delay {point.get('queue_delay_us')}us {layout}"
+
+
+@dataclass
+class LoadLevel:
+    """perf_analyzer's measurement of one variant at one concurrency: throughput, latency percentiles, the batch formed."""
+
+    concurrency: int
+    throughput: float  # inferences (samples) per second
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    server_batch: float | None = None  # inferences per model execution: the batch the dynamic batcher really formed
+
+    def latency(self, percentile: int) -> float:
+        """The latency at a percentile perf_analyzer reports (50, 90, 95, 99)."""
+        return {50: self.p50_ms, 90: self.p90_ms, 99: self.p99_ms}.get(percentile, self.p95_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LoadLevel:
+        return cls(**{k: d.get(k) for k in (f.name for f in fields(cls)) if k in d})
+
+
 @dataclass
 class ServedVariant:
-    """One config variant measured by perf_analyzer in the local server, at the search's concurrency."""
+    """One config variant measured by perf_analyzer: its curve over the loads measured, and the level the objective scored."""
 
     point: OperatingPoint
-    stage: str  # "start", "instances", "batch", "queue delay", or "confirm" (the best measured again after a small win)
-    status: str = "measured"  # measured, over budget, failed
+    stage: str  # "start", "coarse", "refine", "settle" (measured again, interleaved with its runner-up), "base" (one request at a time)
+    status: str = "measured"  # measured, failed
     reason: str = ""
-    throughput: float | None = None  # inferences (samples) per second
+    curve: list[LoadLevel] = field(default_factory=list)  # in concurrency order
+    concurrency: int | None = None  # the level the objective scored (the target load, or where the variant peaked)
+    meets_budget: bool | None = None  # with a latency budget: whether any measured level met it
+    throughput: float | None = None  # the scored level's figures (copied from `curve`, so tables need not look them up)
     p50_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
-    server_batch: float | None = None  # the batch the dynamic batcher really formed (inferences per execution)
-    seconds: float = 0.0  # load + measurement
+    server_batch: float | None = None
+    seconds: float = 0.0  # load + warm-up + measurement
     differs: dict[str, list[Any]] = field(default_factory=dict)  # filled in at the end: field -> [this, published]
+
+    def level(self, concurrency: int) -> LoadLevel | None:
+        """The curve's measurement at `concurrency`, if it was measured."""
+        return next((lv for lv in self.curve if lv.concurrency == concurrency), None)
+
+    def score_at(self, level: LoadLevel | None) -> None:
+        """Copy the scored level's figures onto the variant."""
+        if level is None:
+            return
+        self.concurrency, self.throughput, self.server_batch = level.concurrency, level.throughput, level.server_batch
+        self.p50_ms, self.p95_ms, self.p99_ms = level.p50_ms, level.p95_ms, level.p99_ms
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -79,8 +130,9 @@ class ServedVariant:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ServedVariant:
-        d = {k: v for k, v in d.items() if k != "label"}
+        d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
         d["point"] = OperatingPoint.from_json(d["point"])
+        d["curve"] = [LoadLevel.from_json(x) for x in d.get("curve") or []]
         return cls(**d)
 
 
@@ -90,8 +142,10 @@ class ServedSearch:
 
     status: str
     reason: str = ""
-    concurrency: int | None = None
-    concurrency_source: str = ""  # "--concurrency" or how the default was derived
+    objective: str = "concurrency"  # one of OBJECTIVES
+    load: str = ""  # the load the choice is for, in one line (report.md says it)
+    concurrency: int | None = None  # the scored level of the published variant (the target load, or where it peaked)
+    concurrency_source: str = ""  # "--concurrency", or how the level was found
     latency_budget_ms: float | None = None
     percentile: int = 95
     served_by: str = ""  # "stand-in backend ..." or "native backend": every served number is labelled
@@ -101,35 +155,38 @@ class ServedSearch:
     start: OperatingPoint | None = None  # the in-process rules' point
     chosen: OperatingPoint | None = None
     variants: list[ServedVariant] = field(default_factory=list)
-    stopped: str = ""  # why the search ended: no neighbour improved, or the time budget
+    stopped: str = ""  # why the search ended: the space was covered, or the time budget
+    settled: str = ""  # how a close call between the best two was decided (interleaved re-measurement), "" when none was close
     seconds: float = 0.0
     budget_s: float = 0.0
     in_process_throughput: float | None = None  # in-process samples/s at the batch the server formed
     per_request_ms: float | None = None  # the server's cost per request on top of the in-process time
-    predicted_throughput: float | None = None  # what the published config serves at `concurrency`
+    predicted_throughput: float | None = None  # what the published config served at `concurrency` in the search
     measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json() when others kept cores busy (else None)
-    measured_point: OperatingPoint | None = None  # the variant that decided `chosen` when its layout was not measured
+    waited_s: float | None = None  # --wait-for-cores: how long the search waited for the cores others used
 
     @property
     def chosen_variant(self) -> ServedVariant | None:
-        """The published point's latest measurement (a confirmation may have measured it again); on a busy
-        machine, the measurement of `measured_point`, the same batching on the cores others left free."""
-        point = self.measured_point or self.chosen
-        return next((v for v in reversed(self.variants) if v.point == point and v.status == "measured"), None)
+        """The published point's latest scored measurement (a settle round may have measured it again; the base measurement
+        at one request at a time only anchors validate's prediction)."""
+        return next((v for v in reversed(self.variants) if v.point == self.chosen and v.status == "measured" and v.stage != "base"), None)
+
+    @property
+    def on_free_cores(self) -> bool:
+        """Whether every variant was measured on fewer cores than the machine has (others kept the rest busy)."""
+        return bool(self.measured_on) and len(self.measured_on["cores"]) < len(self.measured_on["available"])
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["start"] = self.start.to_json() if self.start else None
         d["chosen"] = self.chosen.to_json() if self.chosen else None
-        d["measured_point"] = self.measured_point.to_json() if self.measured_point else None
         d["variants"] = [v.to_json() for v in self.variants]
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ServedSearch:
-        d = dict(d)
+        d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
         d["start"] = OperatingPoint.from_json(d["start"]) if d.get("start") else None
         d["chosen"] = OperatingPoint.from_json(d["chosen"]) if d.get("chosen") else None
-        d["measured_point"] = OperatingPoint.from_json(d["measured_point"]) if d.get("measured_point") else None
         d["variants"] = [ServedVariant.from_json(v) for v in d.get("variants", [])]
         return cls(**d)

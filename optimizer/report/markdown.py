@@ -263,9 +263,15 @@ def validation_section(validation: dict[str, Any]) -> str:
     if isinstance(oversize, dict) and "refused" in oversize:
         lines.append(f"- A batch above max_batch_size: {'refused' if oversize['refused'] else 'ACCEPTED'}.")
     predicted = validation.get("predicted_throughput")
-    if predicted is not None:
+    if validation.get("predictions"):
+        each = ", ".join(f"{float(p['served']):.1f} vs {float(p['predicted']):.1f} at concurrency {p['concurrency']}" for p in validation["predictions"])
+        lines.append(f"- Served / predicted at the loads the served search did not measure: {float(validation['throughput_ratio']):.2f} ({each}).")
+    elif predicted is not None:
         lines.append(f"- Predicted by tuning: {float(predicted):.1f} infer/s"
                      + (f"; best served / predicted: {float(validation['throughput_ratio']):.2f}" if validation.get("throughput_ratio") else "") + ".")
+    if validation.get("repeatability"):
+        each = ", ".join(f"{float(r['ratio']):.2f} at concurrency {r['concurrency']}" for r in validation["repeatability"])
+        lines.append(f"- Repeatability (the same config at a load the served search measured, served again / searched): {each}.")
     if validation.get("server_batch"):
         lines.append(f"- Batch size the server formed (inferences / executions): {float(validation['server_batch']):.2f}.")
     rows = (validation.get("perf") or {}).get("rows") or []

@@ -8,6 +8,7 @@ imported only when a figure is drawn: it is the optional `report` extra.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,37 +133,45 @@ def write_plots(result: TuneResult, out_dir: Path) -> dict[str, Path]:
 
 
 def served_search_figure(search: dict[str, Any]) -> Figure | None:
-    """Served throughput versus latency at the search's percentile, one annotated point per measured variant,
-    the published config a star and the in-process rules' config a square; None when nothing was measured.
+    """Served throughput versus concurrency, one curve per measured variant (the loads its sweep measured), the published
+    variant drawn bold with a star where it was scored and the in-process rules' variant a square; None when nothing was
+    measured. Only the published, the rules' and the three best other variants are named in the legend.
 
     `search` is report.json's `published.served_search` (ServedSearch.to_json()).
     """
-    pct = search.get("percentile") if search.get("percentile") in (50, 95, 99) else 95
-    points = [v for v in search.get("variants") or [] if v.get("throughput") is not None and v.get(f"p{pct}_ms") is not None]
-    if not points:
+    merged: dict[str, dict[str, Any]] = {}  # one curve per point: every measurement of it (coarse, settle, base), latest per load
+    for v in search.get("variants") or []:
+        if v.get("status") != "measured" or not (v.get("curve") or v.get("throughput") is not None):
+            continue
+        key = json.dumps(v["point"], sort_keys=True)
+        curve = {lv["concurrency"]: lv for lv in (merged[key]["curve"] if key in merged else [])}
+        curve.update({lv["concurrency"]: lv for lv in v.get("curve") or [{"concurrency": v.get("concurrency") or 1, "throughput": v["throughput"]}]})
+        scored = v if v.get("stage") != "base" or key not in merged else merged[key]
+        merged[key] = {**scored, "curve": [curve[c] for c in sorted(curve)]}
+    variants = list(merged.values())
+    if not variants:
         return None
     kind = " (stand-in backend)" if search.get("stand_in") else ""
-    fig, ax = _axes(f"served search at concurrency {search.get('concurrency')}{kind}", "served throughput (infer/s)",
-                    xlabel=f"p{pct} latency (ms)", log_x=False)
-    xs, ys = [v[f"p{pct}_ms"] for v in points], [v["throughput"] for v in points]
-    ax.plot(xs, ys, linestyle="none", marker="o", markersize=5, label="variants")
-    for i, (v, x, y) in enumerate(sorted(zip(points, xs, ys), key=lambda t: (t[1], t[2]))):  # neighbours' labels alternate above, below
-        ax.annotate(short_label(v["point"]), (x, y), textcoords="offset points", xytext=(5, 5 if i % 2 == 0 else -11), fontsize="x-small")
-    start = next((v for v in points if v["point"] == search.get("start")), None)
-    if start is not None:
-        ax.plot([start[f"p{pct}_ms"]], [start["throughput"]], linestyle="none", marker="s", markersize=11, fillstyle="none",
-                color="grey", zorder=4, label="in-process rules")
-    published = search.get("measured_point") or search.get("chosen")  # on a busy machine: as measured on the free cores
-    chosen = next((v for v in points if v["point"] == published and v.get("status") == "measured"), None)
-    if chosen is not None:
-        ax.plot([chosen[f"p{pct}_ms"]], [chosen["throughput"]], linestyle="none", marker="*", markersize=16, color="black",
-                zorder=5, label="published")
-    budget = search.get("latency_budget_ms")
-    if budget is not None:
-        ax.axvline(budget, color="grey", linestyle=":", label=f"budget {budget:g} ms")
-    ax.set_xlim(0, max(xs + ([budget] if budget is not None else [])) * 1.4)  # room for the labels right of the points
-    ax.set_ylim(0, max(ys) * 1.15)
-    ax.legend(fontsize="small", loc="lower left")
+    fig, ax = _axes(f"served search: {search.get('objective') or 'concurrency'}{kind}", "served throughput (infer/s)",
+                    xlabel="concurrency (requests in flight)", log_x=True)
+    chosen, start = search.get("chosen"), search.get("start")
+    named = {id(v) for v in sorted((v for v in variants if v["point"] not in (chosen, start)), key=lambda v: -(v.get("throughput") or 0))[:3]}
+    top = 0.0
+    for v in variants:
+        curve = v["curve"]
+        xs, ys = [lv["concurrency"] for lv in curve], [lv["throughput"] for lv in curve]
+        top = max(top, *ys)
+        is_chosen, is_start = v["point"] == chosen, v["point"] == start
+        label = (f"published: {short_label(v['point'])}" if is_chosen else f"rules: {short_label(v['point'])}" if is_start
+                 else short_label(v["point"]) if id(v) in named else None)
+        ax.plot(xs, ys, marker="s" if is_start else "o", markersize=4, linewidth=2.6 if is_chosen else 1.0,
+                color="black" if is_chosen else ("grey" if is_start else None), alpha=1.0 if (is_chosen or is_start or label) else 0.35,
+                label=label, zorder=5 if is_chosen else 3)
+    best = next((v for v in variants if v["point"] == chosen), None)
+    if best is not None and best.get("throughput") is not None:
+        ax.plot([best.get("concurrency") or 1], [best["throughput"]], linestyle="none", marker="*", markersize=16, color="black", zorder=6)
+    ax.set_ylim(0, top * 1.15)
+    ax.legend(fontsize="x-small", loc="lower right")
     return fig
 
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from optimizer.records.served_search import point_label
 from optimizer.report.markdown_tables import cell as _cell
 from optimizer.report.markdown_tables import ms as _ms
 from optimizer.report.markdown_tables import table as _table
 
 RULES_STAND = "the in-process rules stand"
 
-_HEADER = ("stage", "point", "differs from published", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "server batch", "status")
+_HEADER = ("stage", "point", "differs from published", "at concurrency", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "server batch",
+           "curve (concurrency: infer/s)", "status")
 
 
 def served_search_section(search: dict[str, Any] | None, plot: str | None = None) -> str:
@@ -52,15 +54,16 @@ def _story(search: dict[str, Any]) -> str:
     kind = _kind(search)
     pct = _percentile(search)
     variants = search.get("variants") or []
-    where = f"Measured at concurrency {search.get('concurrency')} ({_cell(search.get('concurrency_source') or 'source not recorded')})"
+    load = f"Chosen for {_cell(search['load'])}." if search.get("load") else ""
+    where = f" The published variant was scored at concurrency {search.get('concurrency')} ({_cell(search.get('concurrency_source') or 'source not recorded')})"
     budget = search.get("latency_budget_ms")
-    where += f", within a p{pct} latency budget of {float(budget):g} ms" if budget is not None else ", without a latency budget"
+    where += f", within a p{pct} latency budget of {float(budget):g} ms" if budget is not None else ""
     where += f", on {_cell(search['request_mix'])}." if search.get("request_mix") else "."
     served = f" Served by the {_cell(search.get('served_by') or f'{kind} backend')}"
     served += "; every served number here is the stand-in's, not the native backend's." if search.get("stand_in") else " (native)."
     length = f" {len(variants)} variants in {float(search.get('seconds') or 0.0):.0f} s (budget {float(search.get('budget_s') or 0.0):g} s)"
     length += f"; stopped: {_cell(search['stopped'])}." if search.get("stopped") else "."
-    first = where + served + length
+    first = load + where + served + length
     chosen, start = _label(search.get("chosen")), _label(search.get("start"))
     chosen_v, start_v = _chosen_variant(search), next((v for v in variants if v.get("stage") == "start"), None)
     if search.get("chosen") == search.get("start"):
@@ -70,6 +73,8 @@ def _story(search: dict[str, Any]) -> str:
         second = f"Published **{chosen}**" + (f" ({_served(chosen_v, pct, kind)})" if chosen_v else "")
         second += f" instead of the in-process rules' {start}" + (f" ({_served(start_v, pct, kind)})" if start_v else "")
     second += "."
+    if search.get("settled"):
+        second += f" Close call: {_cell(search['settled'])}."
     prediction = []
     if search.get("predicted_throughput") is not None:
         prediction.append(f"{float(search['predicted_throughput']):.1f} infer/s served ({kind}) at concurrency {search.get('concurrency')}")
@@ -80,17 +85,17 @@ def _story(search: dict[str, Any]) -> str:
         prediction.append(f"the server's own cost {float(search['per_request_ms']):.3f} ms per request ({kind})")
     third = f" Prediction: {', '.join(prediction)}." if prediction else ""
     share = search.get("measured_on")
-    if share and search.get("measured_point"):
-        third += (f" Other processes kept {float(share['others_busy']):.1f} of {len(share['available'])} cores busy, so every variant ran as one "
-                  f"instance on the {len(share['cores'])} free core(s) with as many threads; **{chosen}** is the best of them, "
-                  f"measured as {_label(search['measured_point'])}, with its batches scaled to every core and the rules' instance "
-                  "layout (not measured here: it needs the cores the other processes used), so nothing predicts its served throughput.")
+    if share and len(share.get("cores") or []) < len(share.get("available") or []):
+        waited = f" after waiting {float(search['waited_s']):g} s for them (--wait-for-cores)" if search.get("waited_s") else ""
+        third += (f" Other processes kept {float(share['others_busy']):.1f} of {len(share['available'])} cores busy{waited}, so every variant "
+                  f"ran on the {len(share['cores'])} free core(s): **{chosen}** is published as it was measured there, not scaled to "
+                  "cores it did not run on; re-export on a quiet machine (or with --wait-for-cores) for a config that uses every core.")
     return f"{first} {second}{third}"
 
 
 def _header(search: dict[str, Any]) -> list[str]:
     kind = _kind(search)
-    return [h if h in ("stage", "point", "differs from published", "status") else f"{h} ({kind})" for h in _HEADER]
+    return [h if h in ("stage", "point", "differs from published", "at concurrency", "status") else f"{h} ({kind})" for h in _HEADER]
 
 
 def _row(v: dict[str, Any], search: dict[str, Any]) -> list[str]:
@@ -102,15 +107,18 @@ def _row(v: dict[str, Any], search: dict[str, Any]) -> list[str]:
     if v.get("reason"):
         status += f": {v['reason']}"
     thr = v.get("throughput")
-    return [v.get("stage", ""), point, differs, f"{float(thr):.1f}" if thr is not None else "", _ms(v.get("p50_ms")), _ms(v.get("p95_ms")),
-            _ms(v.get("p99_ms")), f"{float(v['server_batch']):.2f}" if v.get("server_batch") else "", status]
+    curve = ", ".join(f"{lv['concurrency']}: {float(lv['throughput']):.0f}" for lv in v.get("curve") or [])
+    return [v.get("stage", ""), point, differs, str(v.get("concurrency") or ""), f"{float(thr):.1f}" if thr is not None else "",
+            _ms(v.get("p50_ms")), _ms(v.get("p95_ms")), _ms(v.get("p99_ms")), f"{float(v['server_batch']):.2f}" if v.get("server_batch") else "",
+            curve, status]
 
 
 # -- helpers -------------------------------------------------------------------------------------
 
 def _chosen_variant(search: dict[str, Any]) -> dict[str, Any] | None:
-    point = search.get("measured_point") or search.get("chosen")  # on a busy machine: the same batching on the free cores
-    return next((v for v in reversed(search.get("variants") or []) if v.get("point") == point and v.get("status") == "measured"), None)
+    point = search.get("chosen")
+    return next((v for v in reversed(search.get("variants") or []) if v.get("point") == point and v.get("status") == "measured"
+                 and v.get("stage") != "base"), None)
 
 
 def _kind(search: dict[str, Any]) -> str:
@@ -119,23 +127,19 @@ def _kind(search: dict[str, Any]) -> str:
 
 def _percentile(search: dict[str, Any]) -> int:
     pct = search.get("percentile") or 95
-    return pct if pct in (50, 95, 99) else 95
+    return pct if pct in (50, 90, 95, 99) else 95
 
 
 def _served(v: dict[str, Any], pct: int, kind: str) -> str:
     if v.get("throughput") is None:
         return f"{v.get('status', '')}"
-    return f"{float(v['throughput']):.1f}/s at p{pct} {_ms(v.get(f'p{pct}_ms'))} ms, {kind}"
+    lat = next((lv.get(f"p{pct}_ms") for lv in v.get("curve") or [] if lv.get("concurrency") == v.get("concurrency")), v.get(f"p{pct}_ms"))
+    return f"{float(v['throughput']):.1f}/s at p{pct} {_ms(lat)} ms at concurrency {v.get('concurrency')}, {kind}"
 
 
 def _label(point: dict[str, Any] | None) -> str:
     """OperatingPoint.label of a stored point (the same words the table and the plot use)."""
-    if not point:
-        return "?"
-    pref = ",".join(map(str, point.get("preferred") or ())) or "-"
-    threads = point.get("threads")
-    layout = f"{point.get('instances', 1)}x{threads}t" if threads else f"{point.get('instances', 1)} inst"
-    return f"max {point.get('max_batch_size')} pref [{pref}] delay {point.get('queue_delay_us')}us {layout}"
+    return point_label(point)
 
 
 def _value(value: Any) -> str:

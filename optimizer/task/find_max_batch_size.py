@@ -147,11 +147,19 @@ SCALABLE = frozenset({"peak", "saturation", "search_cap", "time_budget"})
 
 
 def scaled_for_cores(decision: MaxBatchDecision, share: CoreShare, cap: int) -> MaxBatchDecision:
-    """A max batch searched on fewer cores than the server has, scaled to all of them (task/core_share.py)."""
+    """A max batch searched on fewer cores than the server has, scaled to all of them (task/core_share.py), never past
+    the largest batch that fit in-process (a size never measured is never published) nor `cap`; the peak (the rules'
+    preferred size) is scaled with it, so the max and the preferred size keep their measured relation."""
     if not share.reduced or decision.decided_by not in SCALABLE or decision.max_batch_size <= 0:
         return decision
+    ceiling = min(cap, max(decision.largest_fit, decision.max_batch_size))
+    scaled = min(share.to_all_cores(decision.max_batch_size), ceiling)
+    if scaled == decision.max_batch_size:
+        return decision
     decision.measured_max, decision.scaled_by = decision.max_batch_size, round(share.factor, 3)
-    decision.max_batch_size = min(share.to_all_cores(decision.max_batch_size), cap)
+    decision.max_batch_size = scaled
+    if decision.peak:
+        decision.peak = min(share.to_all_cores(decision.peak), scaled)
     return decision
 
 

@@ -269,7 +269,7 @@ def _warn_once(message: str) -> None:
 
 
 def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | None = None,
-               version_policy: dict[str, Any] | None = None, point: OperatingPoint | None = None) -> ConfigSpec:
+               version_policy: dict[str, Any] | None = None, point: OperatingPoint | None = None, served_note: str = "") -> ConfigSpec:
     """The config of the selected candidate of a tuning result (no I/O: the record is all it needs).
 
     `point` (the served search's choice) replaces the in-process rules' max batch, preferred sizes, queue
@@ -290,7 +290,7 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
             rules = batching_plan(cand.decision, result.max_batch_size if sig.batching else 0, result.latency_budget_ms, result.percentile)
             batching = replace(batching, preferred_batch_size=[b for b in point.preferred if 1 < b <= mbs],
                                max_queue_delay_microseconds=point.queue_delay_us,
-                               explanation=f"measured in the served search: {point.label}; the in-process rules said: {rules.explanation}")
+                               explanation=f"measured in the served search: {point.label}{served_note}; the in-process rules said: {rules.explanation}")
         if point.threads and platform.thread_parameter:
             parameters[platform.thread_parameter] = str(point.threads)
     if platform.key == "torch_aoti":

@@ -114,14 +114,20 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
         feed = load_feeds(feed_path)[0]
         warmup, files = warmup_entries(sig, {config_name: feed[name] for config_name, name in renamed.items() if name in feed},
                                        result.max_batch_size)
-    spec = build_spec(result, options.name, warmup, version_policy_for(state), point)
+    search = options.served_search
+    note = ""
+    if point is not None and search is not None and search.on_free_cores and search.measured_on:
+        note = (f" on {len(search.measured_on['cores'])} of {len(search.measured_on['available'])} cores (other processes kept the rest busy; "
+                "re-export on a quiet machine for a config that uses every core)")
+    spec = build_spec(result, options.name, warmup, version_policy_for(state), point, note)
     text = render(spec, options.template_dir)
     source = _template_source(spec.template, options.template_dir)
     config = parse(text, f"config.pbtxt rendered from {source}", options.template_dir)
     facts = config_rules.facts_for(artifact, options.name, state.versions_after,
                                    {name.split("/", 1)[1]: len(data) for name, data in files.items() if name.startswith("warmup/")})
     config_rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
-    return canonical(config), files, spec
+    header = f"# aitune-export: the served search measured this config{note}.\n" if note else ""
+    return header + canonical(config), files, spec
 
 
 def prepare_config(result: TuneResult, options: PublishOptions) -> tuple[str, dict[str, bytes], ConfigSpec]:

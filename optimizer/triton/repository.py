@@ -70,6 +70,9 @@ def check_model_name(name: str) -> str:
             f"model name {name!r} is not one path component; Triton needs one directory per model. "
             f"Use letters, digits, '-', '_' or '.', e.g. --name {suggestion!r}."
         )
+    if "__aitune_" in name:
+        raise PublishError(f"model name {name!r} contains '__aitune_', which the served search uses for its private variants; "
+                           f"choose another --name, e.g. {name.replace('__aitune_', '_')!r}.")
     return name
 
 

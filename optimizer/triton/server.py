@@ -354,10 +354,10 @@ class LocalTritonServer:
         try:
             client.load_model(name)
         except InferenceServerException as err:
-            self._check_alive()
+            self.check_alive()
             raise ValidationError(f"Triton could not load model {name!r}: {triton_message(err)}") from err
         while not client.is_model_ready(name):
-            self._check_alive()
+            self.check_alive()
             if time.monotonic() - t0 > self.load_timeout_s:
                 raise ValidationError(f"model {name!r} was not ready {self.load_timeout_s:.0f} s after loading; log: {self.log_path}")
             time.sleep(0.1)
@@ -375,7 +375,7 @@ class LocalTritonServer:
         if client.is_model_ready(name):
             client.unload_model(name)
             while any(m.get("name") == name and m.get("state") in ("READY", "UNLOADING") for m in client.get_model_repository_index()):
-                self._check_alive()
+                self.check_alive()
                 if time.monotonic() - t0 > self.load_timeout_s:
                     raise ValidationError(f"model {name!r} was still unloading {self.load_timeout_s:.0f} s later; log: {self.log_path}")
                 time.sleep(0.1)
@@ -391,7 +391,7 @@ class LocalTritonServer:
         """Whether the server process still runs."""
         return self._proc is not None and self._proc.poll() is None
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         """A server that died (a backend aborted it) is an error naming its log, not a wait until a timeout."""
         if self._proc is not None and self._proc.poll() is not None:
             raise ValidationError(f"tritonserver exited with status {self._proc.returncode} "

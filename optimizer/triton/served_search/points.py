@@ -1,9 +1,14 @@
-"""Which operating points the served search tries, in what order, and when one beats another.
+"""Which operating points the served search measures, in what order, and when one beats another.
 
-Pure functions of the in-process decision and the measurements so far: a coordinate search that
-varies one dimension at a time (instance layout, then the batch sizes, then the queue delay),
-walks a dimension while it keeps improving, and moves on at the first step that does not. The walk
-itself (search._climb) pairs a layout step with no queue delay, the one interaction measured to matter.
+Pure functions of the in-process decision, the target load and the measurements so far, used by the search, report.md
+and both served benchmarks (one way to build, label and score a variant):
+- the coarse pass: every instance layout x max batch (the in-process peak, 2x, 4x, the largest batch that fit), with no
+  queue delay and no preferred sizes (Model Analyzer's batcher defaults, and Triton's guidance to leave preferred sizes
+  unset unless a model serves specific sizes best);
+- the refinement around the best two: the rules' queue delay, the rules' preferred size, and the max batch halfway to
+  an unmeasured neighbour;
+- `better`: the objective's comparison (budget first, then throughput beyond the noise, then a clearly lower latency).
+The user's --max-batch-size is never changed and the largest batch that fit in-process is never exceeded.
 """
 
 from __future__ import annotations
@@ -14,49 +19,54 @@ from optimizer.records.measurements import MaxBatchDecision
 from optimizer.records.served_search import OperatingPoint, ServedVariant
 
 THROUGHPUT_NOISE = 0.03
-"""perf_analyzer's run-to-run spread on a shared CPU machine: a variant must serve this much more to count as better."""
+"""perf_analyzer's spread between windows on a shared CPU machine: a variant must serve this much more to count as better."""
+CLOSE = 0.10
+"""A best variant within this much of its runner-up is measured again with it, interleaved (A B A B), before it is published:
+two measurements of one config minutes apart differ by up to 10% here."""
 LATENCY_GAIN = 0.10
 """Within the throughput noise, a variant whose latency is this much lower wins: it answers sooner for the same load."""
-LARGER_DELAY_FACTOR = 4
-MIN_LARGER_DELAY_US = 500
-MAX_LARGER_DELAY_US = 10_000
 MAX_INSTANCES = 8
-MAX_DEFAULT_CONCURRENCY = 64
+COARSE_SIZES = 4
+"""The coarse pass measures this many max batch sizes per layout when the caps leave room for them."""
+MAX_SEED_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """What may vary: the largest batch that fit in-process, whether the user fixed the max, the cores, the device kind."""
+    """What may vary: the in-process peak, the largest batch that fit, a max the user fixed, the cores, the device, the load."""
 
-    largest_fit: int
-    fixed_max: bool  # the user asked for this max batch (--max-batch-size N, or the JIT workflow's recorded sizes)
+    peak: int  # the in-process peak batch (the rules' preferred size, else their max)
+    largest_fit: int  # the largest batch that fit in-process: never exceeded
+    fixed_max: int | None  # the user's --max-batch-size (or the JIT workflow's recorded max): never changed
     cores: int
     gpu: bool
-    concurrency: int = 0  # the target load: batch-1 requests can never form a preferred batch above it (0: no bound)
+    concurrency: int = 0  # the target load: batch-1 requests can never form a batch above it (0: no target)
+    rules_delay_us: int = 0
+    batching: bool = True  # False: the model does not batch (max_batch_size 0): only the instance layout varies
 
     @classmethod
-    def of(cls, decision: MaxBatchDecision | None, cores: int, gpu: bool, concurrency: int = 0) -> SearchSpace:
-        fixed = decision is not None and decision.decided_by in ("user_cap", "recorded")
-        largest = (decision.largest_fit or decision.max_batch_size) if decision is not None else 0
-        return cls(largest, fixed, max(1, cores), gpu, concurrency)
+    def of(cls, decision: MaxBatchDecision | None, start: OperatingPoint, cores: int, gpu: bool, concurrency: int = 0,
+           user_max: int | None = None) -> SearchSpace:
+        """The space around the rules' start point; `user_max` is --max-batch-size when the user gave one."""
+        fixed = user_max or (start.max_batch_size if decision is not None and decision.decided_by in ("user_cap", "recorded") else None)
+        largest = max(start.max_batch_size, (decision.largest_fit or decision.max_batch_size) if decision is not None else 0)
+        if decision is not None and decision.measured_max:  # measured on fewer cores: the batches measured there bound it
+            largest = max(decision.largest_fit, decision.measured_max)
+        if fixed:
+            largest = fixed
+        peak = max(start.preferred, default=max(1, start.max_batch_size))
+        return cls(max(1, min(peak, largest)), max(1, largest), fixed, max(1, cores), gpu, concurrency, start.queue_delay_us,
+                   start.max_batch_size > 0)
 
 
-def reachable(point: OperatingPoint, concurrency: int) -> OperatingPoint:
-    """The point with preferred sizes the target load can form (at most `concurrency` requests wait at once)."""
-    if not concurrency or not point.preferred or max(point.preferred) <= concurrency:
-        return point
-    size = 1 << (concurrency.bit_length() - 1)  # the largest power of two within the load
-    return replace(point, preferred=(size,) if size > 1 else ())
-
-
-def default_concurrency(start: OperatingPoint) -> int:
-    """The load the search targets unless --concurrency says: two peak batches in flight per instance, so one forms while one runs."""
+def seed_concurrency(start: OperatingPoint) -> int:
+    """Where the first sweep starts when no load is given: two peak batches in flight per instance (a seed, never the load)."""
     peak = max(start.preferred, default=max(1, start.max_batch_size))
-    return max(2, min(MAX_DEFAULT_CONCURRENCY, 2 * peak * start.instances))
+    return max(2, min(MAX_SEED_CONCURRENCY, 2 * peak * start.instances))
 
 
 def layouts(space: SearchSpace) -> list[tuple[int, int | None]]:
-    """Instance layouts in search order: CPU count x threads with count x threads <= cores; GPU 1 or 2 instances."""
+    """Instance layouts: CPU count x threads with count x threads <= cores (powers of two); GPU 1 or 2 instances."""
     if space.gpu:
         return [(1, None), (2, None)]
     out, count = [], 1
@@ -66,50 +76,67 @@ def layouts(space: SearchSpace) -> list[tuple[int, int | None]]:
     return out
 
 
-def layout_steps(current: OperatingPoint, space: SearchSpace) -> list[OperatingPoint]:
-    """The layouts after the current one, in order (walked while each improves)."""
-    options = layouts(space)
-    here = next((i for i, (n, t) in enumerate(options) if n == current.instances and (t == current.threads or current.threads is None and n == 1)), 0)
-    return [replace(current, instances=n, threads=t) for n, t in options[here + 1:]]
+def max_batches(space: SearchSpace) -> list[int]:
+    """The max batch sizes of the coarse pass: the peak, 2x, 4x and the largest that fit, within every cap, ascending.
+
+    A target load N caps them at N: batch-1 requests at concurrency N never form a larger batch."""
+    if not space.batching:
+        return [0]
+    if space.fixed_max:
+        return [space.fixed_max]
+    cap = min(space.largest_fit, space.concurrency) if space.concurrency else space.largest_fit
+    sizes = {max(1, min(b, cap)) for b in (space.peak, 2 * space.peak, 4 * space.peak, space.largest_fit)}
+    smaller = min(sizes) // 2
+    while len(sizes) < COARSE_SIZES and smaller >= 2:  # the peak is at a cap: smaller maxima, which the server's per-request
+        sizes.add(smaller)  # cost can favour, fill the pass instead
+        smaller //= 2
+    return sorted(sizes)
 
 
-def batch_steps(current: OperatingPoint, space: SearchSpace) -> tuple[list[OperatingPoint], list[OperatingPoint]]:
-    """(upward, downward) batch variants around the current peak: up to the largest batch that fit, down to 2.
-
-    The first upward step keeps the preferred size and raises only the max (capacity, the issue's "max =
-    the largest batch that fits, preferred = the peak"); later ones double the preferred size. With a max
-    the user fixed only the preferred size moves.
-    """
-    if current.max_batch_size <= 0:
-        return [], []
-    peak = max(current.preferred, default=current.max_batch_size)
-    ceiling = current.max_batch_size if space.fixed_max else max(space.largest_fit, current.max_batch_size)
-    up: list[OperatingPoint] = []
-    if not space.fixed_max and ceiling > current.max_batch_size:
-        up.append(replace(current, max_batch_size=ceiling))
-    b = peak * 2
-    while b <= ceiling and (not space.concurrency or b <= space.concurrency):
-        up.append(replace(current, max_batch_size=current.max_batch_size if space.fixed_max else b, preferred=(b,)))
-        b *= 2
-    down: list[OperatingPoint] = []
-    b = peak // 2
-    while b >= 2:
-        down.append(replace(current, max_batch_size=current.max_batch_size if space.fixed_max else b, preferred=(b,)))
-        b //= 2
-    return up, down
+def coarse_grid(space: SearchSpace) -> list[OperatingPoint]:
+    """Every layout x max batch with no queue delay and no preferred sizes; the peak's row first, so a short budget has
+    compared every layout before it compares batch sizes."""
+    sizes = max_batches(space)
+    nearest = min(sizes, key=lambda s: abs(s - space.peak))
+    sizes.sort(key=lambda b: (b != nearest, b))
+    return [OperatingPoint(b, (), 0, n, t) for b in sizes for n, t in layouts(space)]
 
 
-def delay_steps(current: OperatingPoint) -> list[OperatingPoint]:
-    """No queue delay, then a larger one than the rule's (each measured once; the better of the three stays)."""
-    if current.max_batch_size <= 1:
-        return []
-    larger = min(MAX_LARGER_DELAY_US, max(MIN_LARGER_DELAY_US, LARGER_DELAY_FACTOR * current.queue_delay_us))
-    return [replace(current, queue_delay_us=d) for d in (0, larger) if d != current.queue_delay_us]
+def refinements(best: OperatingPoint, space: SearchSpace, measured: set[OperatingPoint]) -> list[OperatingPoint]:
+    """Variants around a good coarse point: the rules' queue delay, the rules' preferred size (with and without the delay),
+    and a max halfway (in powers of two) to the next measured max when the gap is wider than 2x."""
+    out: list[OperatingPoint] = []
+    if space.batching and best.max_batch_size > 1:
+        preferred = _reachable(space.peak, space)
+        delay = space.rules_delay_us
+        if delay:
+            out.append(replace(best, queue_delay_us=delay))
+        if 1 < preferred < best.max_batch_size:
+            out.append(replace(best, preferred=(preferred,)))
+            if delay:
+                out.append(replace(best, preferred=(preferred,), queue_delay_us=delay))
+    if space.batching and not space.fixed_max:
+        sizes = sorted({p.max_batch_size for p in measured if p.instances == best.instances and p.threads == best.threads})
+        above = [b for b in sizes if b > best.max_batch_size]
+        below = [b for b in sizes if b < best.max_batch_size]
+        if above and above[0] > 2 * best.max_batch_size and 2 * best.max_batch_size <= space.largest_fit:
+            out.append(replace(best, max_batch_size=2 * best.max_batch_size))
+        if below and below[-1] < best.max_batch_size // 2:
+            out.append(replace(best, max_batch_size=best.max_batch_size // 2))
+    return [p for p in dict.fromkeys(out) if p not in measured]
 
 
-def latency_of(v: ServedVariant, percentile: int) -> float | None:
-    """The variant's latency at the percentile the budget uses (perf_analyzer reports p50, p95 and p99 here)."""
-    return {50: v.p50_ms, 99: v.p99_ms}.get(percentile, v.p95_ms)
+def _reachable(size: int, space: SearchSpace) -> int:
+    """A preferred size the target load can form (at most `concurrency` requests wait at once): the largest power of two within it."""
+    if space.concurrency and size > space.concurrency:
+        return 1 << (space.concurrency.bit_length() - 1)
+    return size
+
+
+def on_free_cores(point: OperatingPoint, cores: int, thread_parameter: str | None) -> OperatingPoint:
+    """The rules' point as it runs on the cores other processes left free: one instance using all of them (what is measured
+    there is published as measured, never scaled to cores it did not run on)."""
+    return replace(point, instances=1, threads=cores if thread_parameter else point.threads)
 
 
 def better(v: ServedVariant, best: ServedVariant | None, budget_ms: float | None, percentile: int = 95, top: float | None = None) -> bool:
@@ -120,9 +147,9 @@ def better(v: ServedVariant, best: ServedVariant | None, budget_ms: float | None
         return False
     if best is None or best.throughput is None:
         return True
-    lat_v, lat_b = latency_of(v, percentile) or 0.0, latency_of(best, percentile) or 0.0
+    lat_v, lat_b = _latency(v, percentile), _latency(best, percentile)
     if budget_ms is not None:
-        fits_v, fits_b = lat_v <= budget_ms, lat_b <= budget_ms
+        fits_v, fits_b = v.meets_budget is not False and lat_v <= budget_ms, best.meets_budget is not False and lat_b <= budget_ms
         if fits_v != fits_b:
             return fits_v
         if not fits_v:  # neither meets it: the one closer to it
@@ -131,3 +158,17 @@ def better(v: ServedVariant, best: ServedVariant | None, budget_ms: float | None
         return True
     floor = (1 - THROUGHPUT_NOISE) * max(best.throughput, top or 0.0)
     return v.throughput >= floor and lat_v < lat_b * (1 - LATENCY_GAIN)
+
+
+def close(a: ServedVariant, b: ServedVariant) -> bool:
+    """Whether two measured variants are within the noise of repeated measurement (then they are settled interleaved)."""
+    if a.throughput is None or b.throughput is None:
+        return False
+    return abs(a.throughput - b.throughput) <= CLOSE * max(a.throughput, b.throughput)
+
+
+def _latency(v: ServedVariant, percentile: int) -> float:
+    level = v.level(v.concurrency) if v.concurrency is not None else None
+    if level is not None:
+        return level.latency(percentile)
+    return {50: v.p50_ms, 99: v.p99_ms}.get(percentile, v.p95_ms) or 0.0

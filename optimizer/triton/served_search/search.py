@@ -1,16 +1,17 @@
-"""The served search: measure config variants of the chosen artifact in the local tritonserver and keep the best.
+"""The served search: measure config variants of the chosen artifact in a tritonserver and publish the best one measured.
 
-The in-process rules give the starting point; the server is started once on a private repository
-(the artifact's files linked, never the user's repository), and each variant is written as that
-model's config.pbtxt, loaded, and measured by perf_analyzer at the target concurrency on the run's
-request mix (the same rows in-process profiling timed). The search stops at its time budget or when
-no neighbour improves; what it could not run is skipped with the reason, and the rules stand.
+The in-process rules give the starting point and bound the batch sizes; the load is the user's (objective.py). The
+server is started once on a private repository (the artifact's files linked, never the user's repository), and the
+variants are loaded a few at a time under private names through the repository API (loader.py), warmed, measured
+by perf_analyzer at the loads the objective asks for (measure.py), and unloaded. The order (points.py): the rules'
+point, a coarse pass over instance layouts x max batch, a refinement of the best two (queue delay, preferred size,
+max batch between measured ones), then a close call between the best two settled by interleaved re-measurement.
+The published point is always one that was measured; what could not run is skipped with the reason, and the rules stand.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -21,32 +22,39 @@ from optimizer.errors import ConfigRuleError, PublishError, TemplateError, Valid
 from optimizer.events import Event, EventSink, ignore
 from optimizer.machine import cpu_cores
 from optimizer.model.samples import load_feeds
-from optimizer.records.served_search import OperatingPoint, ServedSearch, ServedVariant
+from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, ServedVariant
 from optimizer.records.tune_result import TuneResult
 from optimizer.task.core_share import CoreShare, probe
 from optimizer.triton.local_serving import local_config, needs_translation, translation_note
 from optimizer.triton.model_config import canonical, config_signature, operating_point_of, parse
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer, write_input_data
+from optimizer.triton.perf_analyzer import write_input_data
 from optimizer.triton.publish import PublishOptions, model_files, prepare_config
-from optimizer.triton.served_search.points import SearchSpace, batch_steps, better, default_concurrency, delay_steps, layout_steps, reachable
+from optimizer.triton.served_search.loader import VariantLoader, private_name
+from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, settle_level, sweep, warm_up
+from optimizer.triton.served_search.objective import Objective
+from optimizer.triton.served_search.points import (
+    THROUGHPUT_NOISE,
+    LATENCY_GAIN,
+    SearchSpace,
+    better,
+    close,
+    coarse_grid,
+    on_free_cores,
+    refinements,
+    seed_concurrency,
+)
 from optimizer.triton.server import LocalTritonServer, ToolMissing, find_triton, homes_root, prepare_home
 from optimizer.vocab import Device
 
 log = logging.getLogger(__name__)
 
 STAND_IN_LABEL = "stand-in backend"
-MIN_WINDOW_MS = 500
-"""Half-second windows: timed here on the bundled CNN, 1 s windows made perf_analyzer's three stable windows 3.7 s of
-a 9 s variant (reload 3.9 s, warm-up 1.1 s), 0.5 s windows 1.9 s at the same throughput; the drift between variants
-minutes apart (10% and more) is far larger than a window's own spread, and the confirmation handles drift."""
-MAX_WINDOW_MS = 4000
-CONFIRM_BELOW = 1.10
-"""A variant that beats the best by less than 10% wins only if it still does after the best is measured again."""
-WINDOW_REQUESTS = 40
-"""perf_analyzer windows hold about this many requests of the start variant (at least 0.5 s, at most 4 s)."""
-WARMUP_PER_SLOT = 4
-"""Each variant is warmed with this many requests per concurrent slot, discarded: without it the variant measured first
-after a load (the rules' point, on a cold server) pays the instances' first requests, and the search leans away from it."""
+LOAD_GROUP = 4
+"""Variants loaded at once before they are measured one after another: loads overlap each other (4 stand-in loads took
+5.5 s together against 2.2 s each here), never a measurement."""
+SETTLE_ROUNDS = 2
+"""A close call is measured A B A B: drift between rounds hits both, and each config is measured twice."""
+WAIT_PROBE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -54,17 +62,23 @@ class SearchRequest:
     """What the user asked of the search: the load, the latency budget, the time it may take, where it works."""
 
     workdir: Path
-    concurrency: int | None = None  # None: default_concurrency(start)
+    concurrency: int | None = None  # None: no fixed load (a latency budget, or the most throughput sustained)
     latency_budget_ms: float | None = None
     percentile: int = 95
-    budget_s: float = 25.0
+    budget_s: float = 90.0
     cache_dir: Path | None = None
+    user_max: int | None = None  # --max-batch-size: never changed by the search
+    wait_for_cores_s: float = 0.0  # --wait-for-cores: how long to wait for cores other processes keep busy
+
+    @property
+    def objective(self) -> Objective:
+        return Objective(self.concurrency, self.latency_budget_ms, self.percentile)
 
 
 def served_search(result: TuneResult, options: PublishOptions, request: SearchRequest, on_event: EventSink = ignore) -> ServedSearch:
     """Search the served operating point of `result`'s selected artifact; never raises for a model it cannot serve.
 
-    Returns a ServedSearch with status "searched" (chosen = the best variant) or "skipped" (reason; chosen
+    Returns a ServedSearch with status "searched" (chosen = the best variant measured) or "skipped" (reason; chosen
     = the rules' point, which publishing then keeps).
     """
     t0 = time.monotonic()
@@ -72,11 +86,10 @@ def served_search(result: TuneResult, options: PublishOptions, request: SearchRe
     assert artifact is not None and artifact.platform is not None
     _, _, spec = prepare_config(result, options)
     start = operating_point_of(spec, artifact.platform.thread_parameter)
-    search = ServedSearch(status="skipped", latency_budget_ms=request.latency_budget_ms, percentile=request.percentile,
-                          start=start, chosen=start, budget_s=request.budget_s)
-    search.concurrency = request.concurrency or default_concurrency(start)
-    search.concurrency_source = "--concurrency" if request.concurrency else "default: two peak batches in flight per instance"
-    on_event(Event("serve", "start", result.selected or "", f"{start.label} at concurrency {search.concurrency}"))
+    objective = request.objective
+    search = ServedSearch(status="skipped", objective=objective.kind, load=objective.describe(), latency_budget_ms=request.latency_budget_ms,
+                          percentile=request.percentile, start=start, chosen=start, budget_s=request.budget_s)
+    on_event(Event("serve", "start", result.selected or "", f"{start.label}; for {search.load}"))
     try:
         _search(result, options, request, search, on_event)
     except (ToolMissing, ValidationError) as err:
@@ -92,169 +105,303 @@ def served_search(result: TuneResult, options: PublishOptions, request: SearchRe
 
 
 def _search(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, on_event: EventSink) -> None:
+    from optimizer.triton.perf_analyzer import find_perf_analyzer
     from optimizer.triton.validation.target import ModelTarget, local_servability
 
     artifact = result.selected_candidate.artifact
-    assert artifact is not None and search.start is not None
-    name = options.name
+    assert artifact is not None and artifact.platform is not None and search.start is not None
     repo = request.workdir / "repository"
     shutil.rmtree(repo, ignore_errors=True)
-    model_dir = repo / name
+    repo.mkdir(parents=True)
     text, extra, _ = prepare_config(result, options)
-    _place(model_dir, result, text, extra)
     home = prepare_home(find_triton(), homes_root(request.cache_dir))
-    reason = local_servability(ModelTarget(repo, name, parse(_locally(text))), home)
+    reason = local_servability(ModelTarget(repo, options.name, parse(_locally(text))), home)
     if reason:
         search.reason = reason.replace("validate it", "serve it").split("; ")[0]
         return
-    from optimizer.triton.perf_analyzer import find_perf_analyzer
-
     find_perf_analyzer()
     search.stand_in = artifact.platform.backend in home.stand_ins()
     search.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{artifact.platform.backend}/model.py"
                         if search.stand_in else "native backend")
     if needs_translation(parse(text)):
         search.served_by += f"; {translation_note(parse(text))}"
-    input_data, search.request_mix = request_mix(result, request.workdir)
+    input_data, search.request_mix, rows = request_mix(result, request.workdir)
     gpu = Device.of(artifact.device).is_cuda
-    share = None if gpu else probe()  # before the server starts: what is busy now is another job's
-    space = SearchSpace.of(result.selected_candidate.decision, len(share.cores) if share else cpu_cores(), gpu, search.concurrency or 0)
-    search.start = reachable(search.start, space.concurrency)  # a preferred size the load cannot form only waits
+    share = None if gpu else _free_cores(request, search, on_event)
+    decision = result.selected_candidate.decision
     first = search.start
     if share is not None and share.reduced:
         search.measured_on = share.to_json()
-        first = on_free_cores(search.start, share, artifact.platform.thread_parameter)
-        on_event(Event("serve", "progress", result.selected or "", f"{share.summary('variant')}; "
-                       f"the instance layout stays the rules' {search.start.layout}"))
+        first = on_free_cores(_as_measured(search.start, decision), len(share.cores), artifact.platform.thread_parameter)
+        on_event(Event("serve", "progress", result.selected or "", f"{share.summary('variant').split(': throughputs')[0]}; "
+                       "the config published is the one measured there (re-export on a quiet machine, or --wait-for-cores, for every core)"))
+    space = SearchSpace.of(decision, first, len(share.cores) if share else cpu_cores(), gpu, request.concurrency or 0, request.user_max)
     deadline = time.monotonic() + request.budget_s
+    files = {target: source for target, source in model_files(result).items()}
+
+    def place(name: str) -> None:  # the private model folder: the artifact's files linked, the config's extra files written
+        version = repo / name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        for target, source in files.items():
+            (version / target).unlink(missing_ok=True)
+            (version / target).symlink_to(source.resolve())
+        for rel, data in extra.items():
+            (repo / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name / rel).write_bytes(data)
+
     with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
-        search.server = f"local tritonserver at {server.http_url}"
-        window = [MIN_WINDOW_MS]
-
-        def measure(point: OperatingPoint, stage: str) -> ServedVariant:
-            variant = _measure(server, result, options, point, stage, model_dir, input_data, search.concurrency or 1,
-                               window[0], request.workdir)
-            search.variants.append(variant)
-            if not server.alive:  # a backend aborted the server: what was measured before stands
-                raise _ServerGone(f"the local tritonserver exited: {variant.reason}")
-            mark = f"{variant.throughput:.1f}/s p95 {variant.p95_ms:.1f} ms" if variant.throughput is not None else f"{variant.status}: {variant.reason}"
-            on_event(Event("serve", "progress", result.selected or "", f"{stage}: {point.label}: {mark}"))
-            return variant
-
-        best = measure(first, "start")
-        if best.status != "measured":
-            search.reason = f"the in-process rules' config could not be measured in the local server: {best.reason}"
-            return
-        if best.throughput:
-            window[0] = int(min(MAX_WINDOW_MS, max(MIN_WINDOW_MS, 1000.0 * WINDOW_REQUESTS / best.throughput)))
-        search.status = "searched"
-        best, search.stopped = _climb(best, space, measure, deadline, request)
-        search.chosen = best.point
-        if share is not None and share.reduced:  # measured on the free cores: publish it scaled, with the rules' layout
-            search.measured_point = best.point
-            search.chosen = reachable(on_all_cores(best.point, search.start, share), space.concurrency)
+        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {server.http_url}"
+        with VariantLoader(server.http_url, place=place, check_alive=server.check_alive) as loader:
+            bench = Bench(server.http_url, input_data, rows, request.workdir)
+            run = _Run(result, options, request, search, loader, bench, server.check_alive, deadline, on_event)
+            best = run.measure([first], "start")[0]
+            if best.status != "measured":
+                search.reason = f"the in-process rules' config could not be measured in the local server: {best.reason}"
+                return
+            run.bench = replace(bench, window_ms=bench.window_for(best.throughput))
+            search.status = "searched"
+            search.stopped = run.explore(space)
+            run.base()
+    search.chosen = run.best.point
+    search.concurrency = run.best.concurrency
+    search.concurrency_source = ("--concurrency" if request.concurrency else
+                                 f"where the published variant {'met the budget with the most throughput' if request.latency_budget_ms is not None else 'reached its peak'} in its sweep")
     _predict(search, result)
     for v in search.variants:
         v.differs = v.point.differences(search.chosen)
 
 
-def _climb(best: ServedVariant, space: SearchSpace, measure: Callable[[OperatingPoint, str], ServedVariant], deadline: float,
-           request: SearchRequest) -> tuple[ServedVariant, str]:
-    """Coordinate search from the rules' point: instance layouts (each without a queue delay first), larger then
-    smaller batches (smaller first when more instances won), the capacity max, the queue delay. A walk takes steps
-    while each improves and ends at its first step that does not."""
-    seen: dict[OperatingPoint, ServedVariant] = {best.point: best}
-    costs = [best.seconds]
+class _Run:
+    """One search's state: what was measured, the best so far, the time left, the next private name."""
 
-    def timed(point: OperatingPoint, stage: str) -> ServedVariant:
-        if time.monotonic() + max(costs) > deadline:  # the slowest variant so far: the budget is a bound, not a target
+    def __init__(self, result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, loader: VariantLoader,
+                 bench: Bench, check_alive: Callable[[], None], deadline: float, on_event: EventSink) -> None:
+        self.result, self.options, self.request, self.search = result, options, request, search
+        self.loader, self.bench, self.check_alive, self.deadline, self.on_event = loader, bench, check_alive, deadline, on_event
+        self.objective = request.objective
+        self.seen: dict[OperatingPoint, ServedVariant] = {}
+        self.best: ServedVariant | None = None
+        self.costs: list[float] = []
+        self.count = 0
+
+    # -- the order ---------------------------------------------------------------------------------------------------
+    def explore(self, space: SearchSpace) -> str:
+        """Coarse pass, refinement of the best two, settle a close call; returns why the search ended."""
+        try:
+            self.measure([p for p in coarse_grid(space) if p not in self.seen], "coarse")
+            top = self.ranked()[:2]
+            self.measure([p for v in top for p in refinements(v.point, space, set(self.seen))], "refine")
+            self.settle()
+        except _OutOfTime:
+            return f"the time budget ({self.request.budget_s:.0f} s, --serve-search-seconds) ran out"
+        except _ServerGone as err:
+            return f"{err}; the best variant measured before stands"
+        return "every variant of the coarse pass and the refinement was measured"
+
+    def ranked(self) -> list[ServedVariant]:
+        """Measured variants, best first by the objective (each point's latest measurement)."""
+        pool = [v for v in self.seen.values() if v.status == "measured" and v.throughput is not None]
+        ranked: list[ServedVariant] = []
+        for v in pool:
+            i = next((k for k, r in enumerate(ranked) if better(v, r, self.request.latency_budget_ms, self.request.percentile)), len(ranked))
+            ranked.insert(i, v)
+        return ranked
+
+    # -- measuring -----------------------------------------------------------------------------------------------------
+    def measure(self, points: list[OperatingPoint], stage: str) -> list[ServedVariant]:
+        """Measure points a group at a time (loaded together, measured one after another, unloaded); updates the best."""
+        out: list[ServedVariant] = []
+        points = list(dict.fromkeys(points))
+        while points:
+            fits = self._fits(len(points[:LOAD_GROUP]))
+            if fits == 0:
+                raise _OutOfTime()
+            group, points = points[:fits], points[fits:]
+            out += self._measure_group(group, stage)
+        return out
+
+    def _fits(self, wanted: int) -> int:
+        """How many more variants fit in the budget at the slowest cost so far (the budget is a bound, not a target)."""
+        if not self.costs:
+            return wanted
+        left = self.deadline - time.monotonic()
+        return max(0, min(wanted, int(left // max(self.costs))))
+
+    def _measure_group(self, group: list[OperatingPoint], stage: str) -> list[ServedVariant]:
+        t0 = time.monotonic()
+        variants = {self._next_name(): ServedVariant(p, stage) for p in group}
+        configs = {}
+        for name, v in variants.items():
+            try:
+                configs[name] = self._config(v.point)
+            except (ConfigRuleError, TemplateError, PublishError) as err:
+                v.status, v.reason = "failed", f"the config is refused: {err}"
+        errors = self.loader.load(configs) if configs else {}
+        load_share = (time.monotonic() - t0) / max(1, len(configs))
+        try:
+            for name, v in variants.items():
+                v.seconds = round(load_share, 2)
+                if name in errors:
+                    v.status, v.reason = "failed", f"Triton could not load it: {errors[name]}"
+                elif v.status == "measured":
+                    self._sweep(name, v)
+                self._record(v)
+        finally:
+            self.loader.unload(list(variants))
+        return list(variants.values())
+
+    def _sweep(self, name: str, v: ServedVariant) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        seed = self.best.concurrency if self.best is not None and self.best.concurrency else seed_concurrency(v.point)
+        t0 = time.monotonic()
+        try:
+            first = self.objective.first_level(seed)
+            warm_up(self.bench, name, first, WARMUP_PER_SLOT * first)
+            v.seconds = round(v.seconds + time.monotonic() - t0, 2)
+            window = self.bench.window_ms
+            sweep(v, self.objective, seed, lambda c: measure_level(self.bench, name, c, window), explore_down=v.stage != "coarse")
+        except ValidationError as err:
+            v.status, v.reason = "failed", str(err)
+        except (InferenceServerException, OSError) as err:  # the server refused the warm-up, or closed the connection dying
+            from optimizer.triton.server import triton_message
+
+            v.status, v.reason = "failed", f"Triton stopped answering: {triton_message(err)}"
+
+    def _record(self, v: ServedVariant) -> None:
+        self.search.variants.append(v)
+        self.costs.append(v.seconds)
+        if v.status == "measured":
+            top = max((x.throughput or 0.0) for x in self.seen.values()) if self.seen else None
+            self.seen[v.point] = v
+            if self.best is None or better(v, self.best, self.request.latency_budget_ms, self.request.percentile, top):
+                self.best = v
+        else:
+            self.seen.setdefault(v.point, v)
+        mark = (f"{v.throughput:.1f}/s p{self.request.percentile} {_lat(v, self.request.percentile):.1f} ms at concurrency {v.concurrency}"
+                if v.throughput is not None else f"{v.status}: {v.reason}")
+        self.on_event(Event("serve", "progress", self.result.selected or "", f"{v.stage}: {v.point.label}: {mark}"))
+        try:
+            self.check_alive()
+        except ValidationError as err:
+            raise _ServerGone(f"the tritonserver exited: {err}") from err
+
+    # -- a close call ----------------------------------------------------------------------------------------------------
+    def settle(self) -> None:
+        """When the runner-up is within the noise of repeated measurement of the best, measure both again interleaved
+        (A B A B) at one load with longer windows, and keep the one that serves more (then the lower latency)."""
+        ranked = self.ranked()
+        if len(ranked) < 2 or not close(ranked[0], ranked[1]):
+            return
+        a, b = ranked[0], ranked[1]
+        level = settle_level(a, b, self.objective)
+        cost = 2 * SETTLE_ROUNDS * max(2.0, 3 * 2 * self.bench.window_ms / 1000.0) + max(self.costs)
+        if time.monotonic() + cost > self.deadline:
             raise _OutOfTime()
-        v = measure(point, stage)
-        costs.append(v.seconds)
-        return v
+        names = {self._next_name(): a, self._next_name(): b}
+        errors = self.loader.load({n: self._config(v.point) for n, v in names.items()})
+        if errors:
+            self.loader.unload(list(names))
+            return
+        window = 2 * self.bench.window_ms
+        levels: dict[str, list[LoadLevel]] = {n: [] for n in names}
+        try:
+            for n in names:
+                warm_up(self.bench, n, level, WARMUP_PER_SLOT * level)
+            for _ in range(SETTLE_ROUNDS):
+                for n in names:
+                    levels[n].append(measure_level(self.bench, n, level, window))
+        except ValidationError:
+            return
+        finally:
+            self.loader.unload(list(names))
+        pct = self.request.percentile
+        means = {n: _mean_level(lv) for n, lv in levels.items()}
+        (na, ma), (nb, mb) = means.items()
+        ratio = ma.throughput / mb.throughput
+        if ratio >= 1 + THROUGHPUT_NOISE:
+            winner = na
+        elif ratio <= 1 - THROUGHPUT_NOISE:
+            winner = nb
+        else:  # a tie in throughput: the lower latency at the same load, when clearly lower
+            winner = nb if mb.latency(pct) < ma.latency(pct) * (1 - LATENCY_GAIN) else na
+        for n, v in names.items():
+            again = ServedVariant(v.point, "settle", curve=[means[n]],
+                                  reason="mean of " + ", ".join(f"{lv.throughput:.1f}/s" for lv in levels[n]) + f" at concurrency {level}, interleaved")
+            again.score_at(means[n])
+            again.meets_budget = None if self.request.latency_budget_ms is None else means[n].latency(pct) <= self.request.latency_budget_ms
+            self.search.variants.append(again)
+            if n == winner:
+                self.best = again
+        self.search.settled = (f"{a.point.label} and {b.point.label} served within {100 * (1 - min(ratio, 1 / ratio)):.1f}% of each other, "
+                               f"measured A B A B at concurrency {level}: {names[winner].point.label} kept")
 
-    def attempt(point: OperatingPoint, stage: str) -> bool:
-        nonlocal best
-        v = seen[point] = timed(point, stage)
-        top = max((x.throughput or 0.0) for x in seen.values())
-        if not better(v, best, request.latency_budget_ms, request.percentile, top):
-            return False
-        if best.throughput and v.throughput and v.throughput < best.throughput * CONFIRM_BELOW:
-            # a small win is checked against the incumbent measured again right after it (A B A): drift
-            # between the two measurements of A cancels, and a win the noise made does not survive
-            again = timed(best.point, "confirm")
-            if again.status == "measured" and not better(v, _mean(best, again), request.latency_budget_ms, request.percentile, top):
-                v.reason = f"not confirmed: the incumbent measured {again.throughput:.1f}/s again right after it"
-                return False
-        best = v
-        return True
+    def base(self) -> None:
+        """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
+        of validate's prediction for loads below the ones the search measured (prediction.py)."""
+        best = self.best
+        if best is None or best.level(1) is not None or not self.costs or time.monotonic() + max(self.costs) > self.deadline:
+            return
+        name = self._next_name()
+        if self.loader.load({name: self._config(best.point)}):
+            self.loader.unload([name])
+            return
+        try:
+            warm_up(self.bench, name, 1, WARMUP_PER_SLOT)
+            one = measure_level(self.bench, name, 1, self.bench.window_ms)
+        except ValidationError:
+            return
+        finally:
+            self.loader.unload([name])
+        base = ServedVariant(best.point, "base", curve=[one], reason="one request at a time: the anchor of validate's prediction below the loads the sweep measured")
+        base.score_at(one)
+        self.search.variants.append(base)
 
-    def walk(steps_of: Callable[[OperatingPoint], list[OperatingPoint]], stage: str,
-             alternatives: Callable[[OperatingPoint], list[OperatingPoint]] = lambda p: [p]) -> bool:
-        improved = False
-        while (step := next((p for p in steps_of(best.point) if p not in seen), None)) is not None:
-            if not any(attempt(p, stage) for p in alternatives(step) if p not in seen):
-                break
-            improved = True
-        return improved
+    # -- helpers -------------------------------------------------------------------------------------------------------------
+    def _config(self, point: OperatingPoint) -> str:
+        text, _, _ = prepare_config(self.result, replace(self.options, operating_point=point))
+        return _locally(text)
 
-    def without_delay_first(p: OperatingPoint) -> list[OperatingPoint]:
-        # more instances share the load, so each sees a shorter queue and a delay that waits for a fuller batch
-        # leaves an instance idle: in the bundled examples' exhaustive grids 2x1t served most at delay 0 and lost
-        # to the start at the rules' delay. A layout is tried without a delay first, and loses only after both lost
-        return [replace(p, queue_delay_us=0), p] if p.queue_delay_us and p.max_batch_size > 1 else [p]
-
-    def each(points: list[OperatingPoint], stage: str) -> None:
-        for point in points:
-            if point not in seen:
-                attempt(point, stage)
-
-    def larger(p: OperatingPoint) -> list[OperatingPoint]:
-        return [q for q in batch_steps(p, space)[0] if q.preferred != p.preferred]
-
-    def smaller(p: OperatingPoint) -> list[OperatingPoint]:
-        return batch_steps(p, space)[1]
-
-    try:
-        start_instances = best.point.instances
-        walk(lambda p: layout_steps(p, space), "instances", without_delay_first)
-        # more instances share the cores, so each one's best batch is smaller: then smaller batches are tried first
-        first, second = (smaller, larger) if best.point.instances > start_instances else (larger, smaller)
-        if not walk(first, "batch"):
-            walk(second, "batch")
-        up, _ = batch_steps(best.point, space)
-        # capacity: max = largest fit, unless the max already holds the whole load: batch-1 requests at concurrency C never
-        # form a batch above C, so a larger max serves the same and measuring it could only publish the noise
-        observable = not space.concurrency or best.point.max_batch_size < space.concurrency
-        each(up[:1] if up and up[0].preferred == best.point.preferred and observable else [], "batch")
-        each(delay_steps(best.point), "queue delay")
-    except _OutOfTime:
-        return best, f"the time budget ({request.budget_s:.0f} s, --serve-search-seconds) ran out"
-    except _ServerGone as err:
-        return best, f"{err}; the best variant measured before stands"
-    return best, "no neighbour of the best variant served more"
-
-
-def on_free_cores(point: OperatingPoint, share: CoreShare, thread_parameter: str | None) -> OperatingPoint:
-    """The point as it is measured on the cores other processes left free: one instance using all of them, with the
-    batches that give each thread the share of work it gets on every core (task/core_share.py)."""
-    return replace(point, instances=1, threads=len(share.cores) if thread_parameter else point.threads,
-                   max_batch_size=share.to_measured_cores(point.max_batch_size), preferred=tuple(b for b in map(share.to_measured_cores, point.preferred) if b > 1))
+    def _next_name(self) -> str:
+        self.count += 1
+        return private_name(self.options.name, self.count)
 
 
-def on_all_cores(measured: OperatingPoint, start: OperatingPoint, share: CoreShare) -> OperatingPoint:
-    """A point measured on the free cores, as published for every core: its batches scaled, the rules' instance layout."""
-    return replace(measured, instances=start.instances, threads=start.threads, max_batch_size=share.to_all_cores(measured.max_batch_size),
-                   preferred=tuple(share.to_all_cores(b) for b in measured.preferred))
+def _lat(v: ServedVariant, percentile: int) -> float:
+    level = v.level(v.concurrency) if v.concurrency is not None else None
+    return level.latency(percentile) if level is not None else (v.p95_ms or 0.0)
 
 
-def _mean(a: ServedVariant, b: ServedVariant) -> ServedVariant:
-    """One point measured twice, as one variant: the mean of both measurements."""
-    def avg(x: float | None, y: float | None) -> float | None:
-        return (x + y) / 2 if x is not None and y is not None else x
+def _mean_level(levels: list[LoadLevel]) -> LoadLevel:
+    """Repeated measurements of one load as one: the mean of each figure."""
+    def avg(xs: list[float | None]) -> float | None:
+        vals = [x for x in xs if x is not None]
+        return sum(vals) / len(vals) if vals else None
 
-    return replace(a, throughput=avg(a.throughput, b.throughput), p50_ms=avg(a.p50_ms, b.p50_ms), p95_ms=avg(a.p95_ms, b.p95_ms),
-                   p99_ms=avg(a.p99_ms, b.p99_ms))
+    return LoadLevel(levels[0].concurrency, *(avg([getattr(lv, f) for lv in levels]) for f in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "server_batch")))
+
+
+def _as_measured(point: OperatingPoint, decision) -> OperatingPoint:
+    """The rules' point with the batch sizes in-process profiling measured (before any scaling to cores it did not run on)."""
+    if decision is None or not decision.measured_max or point.max_batch_size != decision.max_batch_size:
+        return point
+    measured = decision.measured_max
+    preferred = tuple(dict.fromkeys(min(b, measured) for b in point.preferred if min(b, measured) > 1))
+    return replace(point, max_batch_size=measured, preferred=preferred)
+
+
+def _free_cores(request: SearchRequest, search: ServedSearch, on_event: EventSink) -> CoreShare:
+    """The cores others leave free; with --wait-for-cores, probe again until every core is free or the wait is over."""
+    share = probe()
+    if share.reduced and request.wait_for_cores_s > 0:
+        t0 = time.monotonic()
+        on_event(Event("serve", "progress", message=f"{share.others_busy:.1f} cores busy with other processes; waiting up to "
+                       f"{request.wait_for_cores_s:g} s for them (--wait-for-cores)"))
+        while share.reduced and time.monotonic() - t0 < request.wait_for_cores_s:
+            time.sleep(WAIT_PROBE_S)
+            share = probe()
+        search.waited_s = round(time.monotonic() - t0, 1)
+    return share
 
 
 class _OutOfTime(Exception):
@@ -262,18 +409,7 @@ class _OutOfTime(Exception):
 
 
 class _ServerGone(ValidationError):
-    """The local server died while a variant was measured."""
-
-
-def _place(model_dir: Path, result: TuneResult, text: str, extra: dict[str, bytes]) -> None:
-    """The private repository's model: the artifact's files linked (never copied), the config and warmup files."""
-    version = model_dir / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    for target, source in model_files(result).items():
-        link = version / target
-        link.unlink(missing_ok=True)
-        link.symlink_to(source.resolve())
-    _write_config(model_dir, text, extra)
+    """The server died while a variant was measured."""
 
 
 def _locally(text: str) -> str:
@@ -282,69 +418,32 @@ def _locally(text: str) -> str:
     return canonical(local_config(config)) if needs_translation(config) else text
 
 
-def _write_config(model_dir: Path, text: str, extra: dict[str, bytes]) -> None:
-    for rel, data in extra.items():
-        (model_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (model_dir / rel).write_bytes(data)
-    tmp = model_dir / ".config.pbtxt.tmp"
-    tmp.write_text(_locally(text))
-    os.replace(tmp, model_dir / "config.pbtxt")
-
-
-def request_mix(result: TuneResult, workdir: Path) -> tuple[Path, str]:
+def request_mix(result: TuneResult, workdir: Path) -> tuple[Path, str, list[dict]]:
     """perf_analyzer's input: the rows in-process profiling timed (the user's first sample, else the generated
-    feed with every dynamic axis at its maximum), in the config's tensor names."""
+    feed with every dynamic axis at its maximum), in the config's tensor names; and the same rows as batch-1 requests."""
     feeds = load_feeds(Path(result.reference.profile_feed))
     sig, renamed = config_signature(result.selected_candidate.artifact)
     back = {original: config_name for config_name, original in renamed.items()}
     feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in feeds]
     shapes = ", ".join(f"{k} {'x'.join(map(str, v.shape[1:] if sig.batching else v.shape)) or 'scalar'}" for k, v in feeds[0].items())
     path = write_input_data(workdir / "perf_analyzer_input.json", feeds, sig.batching)
-    return path, f"the profiled sample ({shapes}), as in-process profiling and validate send it"
-
-
-def _measure(server: LocalTritonServer, result: TuneResult, options: PublishOptions, point: OperatingPoint, stage: str,
-             model_dir: Path, input_data: Path, concurrency: int, window_ms: int, workdir: Path) -> ServedVariant:
-    """Write the variant's config, load it, run perf_analyzer once at the target concurrency."""
-    from tritonclient.utils import InferenceServerException
-
-    from optimizer.triton.server import triton_message
-
-    t0 = time.monotonic()
-    variant = ServedVariant(point, stage)
-    try:
-        text, extra, _ = prepare_config(result, replace(options, operating_point=point))
-        _write_config(model_dir, text, extra)
-        server.reload(options.name)
-        settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=window_ms,
-                                stability_percentage=25, max_trials=6, timeout_s=120.0, warmup_requests=WARMUP_PER_SLOT * concurrency)
-        perf = run_perf_analyzer(options.name, server.http_url, input_data, workdir / "perf_analyzer", settings)
-    except (ConfigRuleError, TemplateError, PublishError) as err:
-        variant.status, variant.reason = "failed", f"the config is refused: {err}"
-    except ValidationError as err:
-        variant.status, variant.reason = "failed", str(err)
-    except InferenceServerException as err:
-        variant.status, variant.reason = "failed", f"Triton stopped answering: {triton_message(err)}"
+    if sig.batching:
+        rows = [{k: v[i:i + 1] for k, v in feed.items()} for feed in feeds for i in range(next(iter(feed.values())).shape[0])]
     else:
-        row = perf.best
-        if row is None:
-            variant.status, variant.reason = "failed", "perf_analyzer measured nothing"
-        else:
-            variant.throughput, variant.p50_ms, variant.p95_ms, variant.p99_ms = row.throughput, row.p50_ms, row.p95_ms, row.p99_ms
-            variant.server_batch = round(row.server_batch, 3) if row.server_batch else None
-    variant.seconds = round(time.monotonic() - t0, 2)
-    return variant
+        rows = list(feeds)
+    return path, f"the profiled sample ({shapes}), as in-process profiling and validate send it", rows[:32]
 
 
 def _predict(search: ServedSearch, result: TuneResult) -> None:
-    """The published config's served throughput, split into the in-process time at the batch the server
-    formed and the server's own cost per request (what validate's ratio is compared against)."""
+    """The published config's served throughput where the search scored it, split into the in-process time at the batch
+    the server formed and the server's own cost per request (validate predicts the loads the search did not measure from
+    the curve and that cost)."""
     chosen = search.chosen_variant
     decision = result.selected_candidate.decision
-    if chosen is None or chosen.throughput is None or search.measured_point is not None:  # the published layout was not measured
+    if chosen is None or chosen.throughput is None:
         return
     search.predicted_throughput = round(chosen.throughput, 2)
-    if decision is None or not decision.profiles:
+    if decision is None or not decision.profiles:  # (on a busy machine in-process profiling ran on the same free cores)
         return
     batch = chosen.server_batch or 1.0
     per_sample_ms = _per_sample_ms(decision.profiles, batch)
@@ -368,6 +467,7 @@ def _summary(search: ServedSearch) -> str:
     start = next((v for v in search.variants if v.stage == "start"), None)
     if chosen is None or start is None or chosen.throughput is None or start.throughput is None:
         return "searched"
-    label = chosen.point.label if search.measured_point is None else f"{search.chosen.label} (measured as {chosen.point.layout} on the free cores)"
-    return (f"{label}: {chosen.throughput:.1f}/s p95 {chosen.p95_ms:.1f} ms at concurrency {search.concurrency} "
-            f"(rules: {start.throughput:.1f}/s p95 {start.p95_ms:.1f} ms; {len(search.variants)} variants, {search.stopped})")
+    where = " on the free cores" if search.on_free_cores else ""
+    return (f"{chosen.point.label}: {chosen.throughput:.1f}/s p{search.percentile} {_lat(chosen, search.percentile):.1f} ms at concurrency "
+            f"{chosen.concurrency}{where} (rules: {start.throughput:.1f}/s at concurrency {start.concurrency}; "
+            f"{len(search.variants)} variants, {search.stopped})")

@@ -10,7 +10,7 @@ from optimizer.errors import PublishError, RepositoryError, SettingsError, Signa
 from optimizer.model.signature import Signature
 from optimizer.records.correctness import Tolerance, tolerances_from_json
 from optimizer.records.report_file import read_report
-from optimizer.records.served_search import ServedSearch
+from optimizer.records.served_search import LoadLevel, ServedSearch
 from optimizer.triton.validation.target import ModelTarget
 
 
@@ -33,6 +33,8 @@ class ExportReference:
     predicted_concurrency: int | None = None  # the served search's concurrency (None: an in-process prediction)
     predicted_how: str = ""  # where the prediction comes from, in words
     predicted_cores: str = ""  # "1 of 2 cores" when the export measured on the cores other processes left free ("" on all)
+    served_curve: list[LoadLevel] = field(default_factory=list)  # what the served search measured of the published config, per load
+    single_request_ms: float | None = None  # the server's cost per request + the in-process time of a batch of one
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
@@ -111,6 +113,16 @@ def load_export_reference(report_path: Path) -> ExportReference:
         reference.predicted_concurrency = search.concurrency
         reference.predicted_how = (f"{inproc}measured by the served search at concurrency {search.concurrency}"
                                    + (" (stand-in backend)" if search.stand_in else ""))
+        curve: dict[int, LoadLevel] = {}
+        for v in search.variants:  # every measurement of the published point, the latest per load
+            if v.point == search.chosen and v.status == "measured":
+                curve.update({lv.concurrency: lv for lv in v.curve})
+        reference.served_curve = [curve[c] for c in sorted(curve)]
+        if search.on_free_cores and search.measured_on:
+            reference.predicted_cores = f"{len(search.measured_on['cores'])} of {len(search.measured_on['available'])} cores"
+        one = decision.profile_at(1) if decision is not None else None
+        if search.per_request_ms is not None and one is not None:
+            reference.single_request_ms = search.per_request_ms + one.mean_ms
     return reference
 
 

@@ -56,7 +56,9 @@ class ValidationRecord:
     predicted_by: str = ""
     predicted_how: str = ""  # in-process at a batch, or the served search's measurement at its concurrency
     predicted_concurrency: int | None = None  # the ratio compares this perf_analyzer row when it was measured
-    throughput_ratio: float | None = None
+    throughput_ratio: float | None = None  # served / predicted at the loads the served search did not measure (their mean)
+    predictions: list[dict[str, Any]] = field(default_factory=list)  # per unmeasured load: concurrency, predicted, served, ratio
+    repeatability: list[dict[str, Any]] = field(default_factory=list)  # per load the search measured: concurrency, searched, served, ratio
     export_report: str | None = None
     output_dir: str = ""
     notes: list[str] = field(default_factory=list)

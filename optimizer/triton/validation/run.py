@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -180,8 +181,11 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
         record.server_batch = round((after[0] - before[0]) / (after[1] - before[1]), 3)
     best = perf.best
     compared = next((r for r in perf.rows if r.concurrency == record.predicted_concurrency), best)
-    if compared and record.predicted_throughput:
+    if reference is not None and reference.served_curve:
+        _compare_with_curve(record, reference, perf.rows)
+    elif compared and record.predicted_throughput:
         record.throughput_ratio = round(compared.throughput / record.predicted_throughput, 3)
+    if record.predicted_throughput:
         if reference is not None and reference.predicted_busy is not None and reference.predicted_busy > BUSY_SHARE:
             record.notes.append(f"the predicted {record.predicted_throughput:.1f} infer/s was measured while other processes used "
                                 f"{reference.predicted_busy:.0%} of the CPU; the ratio mixes that contention with serving overhead.")
@@ -192,6 +196,32 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     label = f" ({STAND_IN_LABEL})" if record.stand_in else ""
     record.reason = (f"loaded, answers match over {', '.join(a.protocol for a in record.answers)}, "
                      f"best {best.throughput:.1f} infer/s at concurrency {best.concurrency}{label}" if best else "loaded and answered")
+
+
+def _compare_with_curve(record: ValidationRecord, reference: ExportReference, rows: list[Any]) -> None:
+    """Served against predicted at each load the served search did not measure (a prediction that can fail), and against
+    the search's own measurement at each load it did (repeatability: the same config at the same load, reported apart)."""
+    from optimizer.triton.served_search.prediction import predict_throughput
+
+    measured = {lv.concurrency: lv for lv in reference.served_curve}
+    for row in rows:
+        if row.concurrency in measured:
+            searched = measured[row.concurrency].throughput
+            record.repeatability.append({"concurrency": row.concurrency, "searched": round(searched, 2), "served": round(row.throughput, 2),
+                                         "ratio": round(row.throughput / searched, 3)})
+            continue
+        predicted = predict_throughput(reference.served_curve, row.concurrency, reference.single_request_ms)
+        if predicted:
+            record.predictions.append({"concurrency": row.concurrency, "predicted": round(predicted, 2), "served": round(row.throughput, 2),
+                                       "ratio": round(row.throughput / predicted, 3)})
+    if record.predictions:
+        ratios = [p["ratio"] for p in record.predictions]
+        record.throughput_ratio = round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 3)
+        record.predicted_how += ("; predicted at the loads the search did not measure from its curve"
+                                 + (" and one request's cost" if reference.single_request_ms else ""))
+    else:
+        record.notes.append("every load of this sweep was measured by the served search: only repeatability is reported; "
+                            "sweep other concurrencies (--concurrency) to test the prediction")
 
 
 def _locally_servable(target: ModelTarget, work: Path, record: ValidationRecord) -> ModelTarget:

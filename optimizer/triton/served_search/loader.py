@@ -1,0 +1,140 @@
+"""Config variants loaded under private names through Triton's repository API, on the bundled server or a user's.
+
+A variant is the model's config with another batcher or instance layout. It is loaded as its own model
+(`<name>__aitune_<k>`) with the config in the load request (Triton's load with a `config` override), so
+nothing is rewritten, the incumbent is never unloaded to try a neighbour, and two variants can be measured
+back to back (A B A B) without a reload between them. Where the server reads our disk (the bundled one), each
+private name is a folder of links to the artifact's files; where it does not (a user's server), the files
+go in the request too (`file:` overrides). Every variant this loader loaded is unloaded when it closes,
+whatever ended the search (Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, Callable
+
+from optimizer.errors import ValidationError
+
+log = logging.getLogger(__name__)
+
+PRIVATE_TAG = "__aitune_"
+"""Private variant names are <model>__aitune_<k>: never a name a user publishes (the export refuses it as a model name)."""
+
+
+def private_name(model: str, index: int) -> str:
+    """The private name of a model's k-th variant."""
+    return f"{model}{PRIVATE_TAG}{index}"
+
+
+def config_json(text: str, name: str) -> str:
+    """A config.pbtxt as the JSON a load request carries (model_config.proto field names), renamed to `name`."""
+    from google.protobuf import json_format
+
+    from optimizer.triton.model_config import parse
+
+    config = parse(text)
+    config.name = name
+    return json_format.MessageToJson(config, preserving_proto_field_name=True, indent=None)
+
+
+class VariantLoader:
+    """Loads config variants under private names and unloads every one it loaded; a context manager.
+
+    Args:
+        url: the server's HTTP endpoint (host:port).
+        place: called with a private name before it is loaded, where the server reads our disk (links the files there).
+        files: the model's files as `file:` overrides ({"1/model.onnx": bytes}), where it does not.
+        check_alive: raises when the server is gone (a local server's exit), so a load never waits for a dead server.
+        parallel: how many variants load at once (Triton loads models on several threads).
+    """
+
+    def __init__(self, url: str, *, place: Callable[[str], None] | None = None, files: dict[str, bytes] | None = None,
+                 check_alive: Callable[[], None] = lambda: None, timeout_s: float = 300.0, parallel: int = 4) -> None:
+        self.url = url
+        self._place = place
+        self._files = {f"file:{k}": v for k, v in (files or {}).items()} or None
+        self._check_alive = check_alive
+        self.timeout_s = timeout_s
+        self.parallel = max(1, parallel)
+        self.loaded: set[str] = set()
+        self._client: Any = None
+
+    def __enter__(self) -> VariantLoader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def client(self) -> Any:
+        """One HTTP client for the repository calls (loads run on their own clients, one per thread)."""
+        if self._client is None:
+            from optimizer.triton.server import open_client
+
+            self._client = open_client("http", self.url, self.timeout_s)
+        return self._client
+
+    def load(self, configs: dict[str, str]) -> dict[str, str]:
+        """Load each private name with its config text (config.pbtxt form); returns name -> Triton's error for those that failed."""
+        from optimizer.triton.server import open_client, triton_message
+
+        def one(item: tuple[str, str]) -> tuple[str, str]:
+            name, text = item
+            if self._place is not None:
+                self._place(name)
+            client = open_client("http", self.url, self.timeout_s)
+            try:
+                client.load_model(name, config=config_json(text, name), files=self._files)
+                self.loaded.add(name)
+                return name, ""
+            except Exception as err:  # InferenceServerException, or a connection the server closed while it died
+                self.loaded.add(name)  # a half-loaded model is unloaded at the end too
+                return name, triton_message(err)
+            finally:
+                client.close()
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(min(self.parallel, len(configs)) or 1) as pool:
+            errors = {name: err for name, err in pool.map(one, configs.items()) if err}
+        self._check_alive()
+        log.info("loaded %d variant(s) in %.1f s", len(configs) - len(errors), time.monotonic() - t0)
+        return errors
+
+    def unload(self, names: list[str] | set[str]) -> None:
+        """Unload these private names and wait until the server has let them go (their instances stop using the CPU)."""
+        names = [n for n in names if n in self.loaded]
+        if not names:
+            return
+        client = self.client()
+        for name in names:
+            try:
+                client.unload_model(name)
+            except Exception as err:  # the server is gone or never had it: nothing left to unload
+                log.debug("unloading %s: %s", name, err)
+            self.loaded.discard(name)
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            try:
+                index = client.get_model_repository_index()
+            except Exception:
+                return
+            if not any(m.get("name") in names and m.get("state") in ("READY", "UNLOADING", "LOADING") for m in index):
+                return
+            time.sleep(0.05)
+        raise ValidationError(f"the server did not unload {', '.join(names)} within {self.timeout_s:.0f} s")
+
+    def close(self) -> None:
+        """Unload every variant still loaded and close the client; never raises (it runs while an error propagates)."""
+        try:
+            self.unload(set(self.loaded))
+        except Exception as err:
+            log.warning("could not unload the served search's variants: %s", err)
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+            self._client = None

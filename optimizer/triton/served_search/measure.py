@@ -1,0 +1,112 @@
+"""Measuring one loaded variant: an in-process warm-up through tritonclient, then perf_analyzer level by level.
+
+The objective decides which concurrencies a variant is measured at (objective.py); each level is one perf_analyzer
+run of stability-based windows (three windows within 25%), short in the coarse pass and long when a close call is
+settled. Nothing is loaded while a level is measured.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from optimizer.errors import ValidationError
+from optimizer.records.served_search import LoadLevel, ServedVariant
+from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer
+from optimizer.triton.served_search.objective import Objective
+
+MIN_WINDOW_MS = 500
+"""Half-second windows: timed here on the bundled CNN, 1 s windows made perf_analyzer's three stable windows 3.7 s of
+a 9 s variant; 0.5 s windows 1.9 s at the same throughput. Settling uses twice the window."""
+MAX_WINDOW_MS = 4000
+WINDOW_REQUESTS = 40
+"""A window holds about this many requests of the start variant (at least 0.5 s, at most 4 s)."""
+WARMUP_PER_SLOT = 4
+"""Each variant is warmed with this many requests per concurrent slot, discarded: without it the first window after a
+load pays the instances' first requests (thread pools, allocators, a stand-in's first call)."""
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Where and with what a variant is measured: the server's HTTP URL, the request mix and perf_analyzer's settings."""
+
+    url: str
+    input_data: Path  # perf_analyzer's --input-data (the profiled sample's rows)
+    rows: list[dict[str, np.ndarray]]  # the same rows as arrays, batch-1 requests for the warm-up
+    workdir: Path
+    window_ms: int = MIN_WINDOW_MS
+    timeout_s: float = 120.0
+
+    def window_for(self, throughput: float | None) -> int:
+        """Windows that hold about WINDOW_REQUESTS requests at this throughput."""
+        if not throughput:
+            return self.window_ms
+        return int(min(MAX_WINDOW_MS, max(MIN_WINDOW_MS, 1000.0 * WINDOW_REQUESTS / throughput)))
+
+
+def warm_up(bench: Bench, model: str, concurrency: int, requests: int) -> None:
+    """Send `requests` batch-1 requests, `concurrency` at a time, through tritonclient and discard the answers."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    client = httpclient.InferenceServerClient(bench.url, concurrency=max(1, concurrency), connection_timeout=bench.timeout_s,
+                                              network_timeout=bench.timeout_s)
+    try:
+        pending = []
+        for i in range(max(1, requests)):
+            row = bench.rows[i % len(bench.rows)]
+            inputs = []
+            for name, arr in row.items():
+                tensor = httpclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+                tensor.set_data_from_numpy(arr, binary_data=True)
+                inputs.append(tensor)
+            pending.append(client.async_infer(model, inputs))
+            if len(pending) >= concurrency:
+                pending.pop(0).get_result()
+        for request in pending:
+            request.get_result()
+    finally:
+        client.close()
+
+
+def measure_level(bench: Bench, model: str, concurrency: int, window_ms: int) -> LoadLevel:
+    """One perf_analyzer run at one concurrency; ValidationError when it measured nothing."""
+    settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=window_ms,
+                            stability_percentage=25, max_trials=6, timeout_s=bench.timeout_s)
+    row = run_perf_analyzer(model, bench.url, bench.input_data, bench.workdir / "perf_analyzer", settings).best
+    if row is None:
+        raise ValidationError("perf_analyzer measured nothing")
+    return LoadLevel(row.concurrency, row.throughput, row.p50_ms, row.p90_ms, row.p95_ms, row.p99_ms,
+                     round(row.server_batch, 3) if row.server_batch else None)
+
+
+def sweep(variant: ServedVariant, objective: Objective, seed: int, measure: Callable[[int], LoadLevel],
+          explore_down: bool = True) -> ServedVariant:
+    """Measure the variant at the levels the objective asks for, starting at `seed`, and score it.
+
+    `explore_down` False keeps a sweep from stepping below its start (the coarse pass: only the peak decides there)."""
+    t0 = time.monotonic()
+    level: int | None = objective.first_level(seed)
+    order: list[LoadLevel] = []
+    while level is not None:
+        order.append(measure(level))
+        level = objective.next_level(order)
+        if level is not None and not explore_down and level < order[0].concurrency and objective.latency_budget_ms is None:
+            level = None
+    variant.curve = sorted(order, key=lambda lv: lv.concurrency)
+    scored, meets = objective.score(variant.curve)
+    variant.score_at(scored)
+    variant.meets_budget = meets if objective.latency_budget_ms is not None else None
+    variant.seconds = round(variant.seconds + time.monotonic() - t0, 2)
+    return variant
+
+
+def settle_level(a: ServedVariant, b: ServedVariant, objective: Objective) -> int:
+    """The one load two close variants are compared at: the target load, else the larger of their scored levels (where
+    both serve their peak)."""
+    return objective.concurrency or max(a.concurrency or 1, b.concurrency or 1)
+

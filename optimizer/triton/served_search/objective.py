@@ -1,0 +1,97 @@
+"""The load a served config is chosen for, in the user's terms, and how one variant's curve is scored against it.
+
+- `--concurrency N`: the most throughput at N concurrent requests; the percentile latency breaks ties.
+- `--latency-budget-ms MS` (at `--percentile`): the most throughput at any load whose percentile latency meets MS
+  (Model Analyzer's constraint semantics); with `--concurrency` too, at N within MS.
+- neither: the most throughput the config sustains, found by a short concurrency sweep per variant (doubling until
+  throughput grows less than the noise or the latency doubles), as Model Analyzer's default objective does.
+
+The in-process peak may seed where a sweep starts; it never sets the load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optimizer.records.served_search import LoadLevel
+
+SWEEP_GAIN = 0.05
+"""A doubled load must serve this much more to count as growth: perf_analyzer's spread between windows here is 3-5%."""
+MAX_SWEEP_CONCURRENCY = 256
+LATENCY_DOUBLED = 2.2
+"""A doubled load whose latency grew more than this much queued instead of being served: the sweep stops there."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the served config is for: a fixed load, a latency budget, or the most throughput sustained."""
+
+    concurrency: int | None = None
+    latency_budget_ms: float | None = None
+    percentile: int = 95
+
+    @property
+    def kind(self) -> str:
+        """One of records.served_search.OBJECTIVES."""
+        if self.concurrency:
+            return "concurrency"
+        return "latency" if self.latency_budget_ms is not None else "max-throughput"
+
+    def describe(self) -> str:
+        """The load the choice is for, in one line (report.md and the export's log say it)."""
+        budget = f"p{self.percentile} <= {self.latency_budget_ms:g} ms" if self.latency_budget_ms is not None else ""
+        if self.concurrency:
+            return f"the most throughput at concurrency {self.concurrency} (--concurrency)" + (f" with {budget}" if budget else "")
+        if budget:
+            return f"the most throughput at any concurrency whose {budget} (--latency-budget-ms)"
+        return "the most throughput the config sustains (no --concurrency or --latency-budget-ms: a concurrency sweep per variant)"
+
+    def first_level(self, seed: int) -> int:
+        """Where a variant's measurement starts: the target load, else the seed (where the best variant so far peaked)."""
+        return self.concurrency or max(1, min(MAX_SWEEP_CONCURRENCY, seed))
+
+    def next_level(self, curve: list[LoadLevel]) -> int | None:
+        """The next concurrency to measure given the curve so far (in measurement order), or None when it is known enough.
+
+        Up (doubling) while throughput grows by more than the noise and the latency stays within budget; when the first
+        step up did not grow, one step down from the start to find the smallest load that sustains the peak. With a
+        budget the start is halved until it meets the budget."""
+        if self.concurrency or not curve:
+            return None
+        done = {lv.concurrency for lv in curve}
+        first, last = curve[0], curve[-1]
+        if self.latency_budget_ms is not None and not self._meets(last):
+            if last.concurrency > 1 and not any(self._meets(lv) for lv in curve):
+                lower = last.concurrency // 2 if last.concurrency <= first.concurrency else None
+                return lower if lower and lower not in done else None
+            return None  # the level above the last one that met the budget does not: the sweep has found the edge
+        if len(curve) == 1 or last.concurrency > curve[-2].concurrency:  # going up
+            grew = len(curve) == 1 or last.throughput > curve[-2].throughput * (1 + SWEEP_GAIN)
+            doubled = len(curve) > 1 and last.latency(self.percentile) > LATENCY_DOUBLED * curve[-2].latency(self.percentile)
+            if grew and not doubled and last.concurrency * 2 <= MAX_SWEEP_CONCURRENCY:
+                return last.concurrency * 2
+        down = first.concurrency // 2
+        if len(curve) >= 2 and curve[1].throughput <= first.throughput * (1 + SWEEP_GAIN) and down >= 1 and down not in done:
+            return down  # the start was already at the plateau: does half the load sustain it too?
+        return None
+
+    def score(self, curve: list[LoadLevel]) -> tuple[LoadLevel | None, bool]:
+        """The level that counts for this objective and whether it meets the budget (True without one).
+
+        concurrency: the level at N. latency: the most throughput among levels within the budget (none within: the
+        lowest latency, marked as not meeting). max-throughput: the smallest load that serves within the noise of the
+        peak (the knee), so its latency is the one a user at that throughput sees."""
+        if not curve:
+            return None, False
+        if self.concurrency:
+            level = next((lv for lv in curve if lv.concurrency == self.concurrency), None)
+            return level, level is not None and self._meets(level)
+        within = [lv for lv in curve if self._meets(lv)]
+        if not within:
+            return min(curve, key=lambda lv: lv.latency(self.percentile)), False
+        peak = max(lv.throughput for lv in within)
+        knee = min((lv for lv in within if lv.throughput >= peak * (1 - SWEEP_GAIN / 2)), key=lambda lv: lv.concurrency)
+        return knee, True
+
+    def _meets(self, level: LoadLevel) -> bool:
+        return self.latency_budget_ms is None or level.latency(self.percentile) <= self.latency_budget_ms
