@@ -159,6 +159,9 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     click.echo(f"selected {chosen.name}: {result.selection_reason}")
     click.echo(chosen.decision.explanation if chosen.decision else f"max_batch_size {result.max_batch_size}")
     click.echo(f"published {outcome.published.model_dir} (version {outcome.published.version})")
+    if outcome.published.composing:
+        click.echo(f"  an ensemble that takes the forward() names, in front of {', '.join(outcome.published.composing)} "
+                   "(the positional model; --io-names positional publishes it alone)")
     if outcome.published.config:
         click.echo(outcome.published.config["batching"]["explanation"])
     if outcome.published.served_search:

@@ -223,7 +223,9 @@ def test_cli_exports_torch_aoti_and_checks_openvino(cli_runs, spec):
     cwd, r, result = cli_runs(spec)
     assert r.returncode == 0, r.stderr
     name = default_name(spec)
-    model_dir = cwd / "model_repository" / name
+    model_dir = cwd / "model_repository" / f"{name}__positional"  # behind the ensemble `name` that keeps the forward names
+    front = parse((cwd / "model_repository" / name / "config.pbtxt").read_text())
+    assert front.platform == "ensemble" and front.ensemble_scheduling.step[0].model_name == f"{name}__positional"
     config = parse((model_dir / "config.pbtxt").read_text())
     assert config.platform == "torch_aoti" and sorted(p.name for p in (model_dir / "1").iterdir()) == ["model.pt2"]
     assert 1 <= config.max_batch_size <= 4 and config.instance_group[0].kind == 2  # KIND_CPU
@@ -336,7 +338,7 @@ def test_api_publish_writes_a_config_triton_accepts(builds, backend, spec, tmp_p
     from optimizer.triton.publish import PublishOptions, publish
 
     model, sig, art = builds(backend, spec)
-    published = publish(_result_for(art, sig, tmp_path), PublishOptions(tmp_path / "repo", "m"))
+    published = publish(_result_for(art, sig, tmp_path), PublishOptions(tmp_path / "repo", "m", io_names="positional"))
     version_dir = published.model_dir / "1"
     config = parse((published.model_dir / "config.pbtxt").read_text())
     assert config_rules.violations(config, config_rules.ArtifactFacts(directory_name="m")) == []

@@ -189,6 +189,9 @@ def publish(result: TuneResult, options: PublishOptions) -> Published:
     _, renamed = config_signature(result.selected_candidate.artifact)
     if needs_front(renamed, options.io_names):
         return _publish_behind_front(result, options, files, renamed)
+    if any(k != v for k, v in renamed.items()):
+        log.warning("%s | --io-names positional: %s addresses tensors by position: clients send %s", result.selected_candidate.name,
+                    result.selected_candidate.artifact.platform.key, ", ".join(f"{k} (for {v})" for k, v in renamed.items()))
     return _publish_one(result, options, files)
 
 

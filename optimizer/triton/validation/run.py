@@ -234,8 +234,11 @@ def incomplete_publish(target: ModelTarget) -> str:
         return ""
     from optimizer.triton.object_store.upload import manifest_mismatch
 
-    problem = manifest_mismatch(target.store, target.name)
-    return f"incomplete publish at {target.repository}/{target.name}: {problem}; publish it again." if problem else ""
+    for model in [*composing_targets(target), target]:  # an ensemble's step first: it is published before the ensemble
+        problem = manifest_mismatch(model.store, model.name)
+        if problem:
+            return f"incomplete publish at {model.repository}/{model.name}: {problem}; publish it again."
+    return ""
 
 
 def default_sweep(reference: ExportReference | None) -> ConcurrencyRange:
