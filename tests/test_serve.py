@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from optimizer.triton.server import free_port
 from tests.conftest import run_cli
 from tests.test_client_contract import start_serve, stop_serve, tritonservers_on
 
@@ -24,20 +25,23 @@ def _busy_port() -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", ["missing repo", "busy port", "unsupported scheme", "same ports"])
+@pytest.mark.parametrize("case", ["missing repo", "busy port", "unsupported scheme", "same ports", "unreachable storage"])
 def test_bad_input_is_one_line_and_exit_2(in_tmp: Path, case: str):
     (in_tmp / "repo").mkdir()
     holder, busy = _busy_port()
+    closed = free_port()  # nobody listens there: connections are refused at once
     args = {
         "missing repo": ("serve", "no_such_repo", "--http-port", "18931", "--grpc-port", "18932"),
         "busy port": ("serve", "repo", "--http-port", str(busy), "--grpc-port", "18932"),
         "unsupported scheme": ("serve", "gs://bucket/repo", "--http-port", "18931", "--grpc-port", "18932"),
         "same ports": ("serve", "repo", "--http-port", "18931", "--grpc-port", "18931"),
+        "unreachable storage": ("serve", f"s3://127.0.0.1:{closed}/bucket1/repo", "--http-port", "18931", "--grpc-port", "18932"),
     }[case]
     wanted = {"missing repo": "REPO 'no_such_repo' is not a directory", "busy port": f"--http-port {busy}: cannot listen",
-              "unsupported scheme": "scheme 'gs' is not supported", "same ports": "give two different ports"}[case]
+              "unsupported scheme": "scheme 'gs' is not supported", "same ports": "give two different ports",
+              "unreachable storage": f"cannot reach the S3 endpoint http://127.0.0.1:{closed}"}[case]
     try:
-        r = run_cli(*args, cwd=in_tmp, timeout=60)
+        r = run_cli(*args, cwd=in_tmp, timeout=60, env={"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"})
     finally:
         holder.close()
     assert r.returncode == 2, r.stderr
