@@ -223,3 +223,13 @@ def test_one_client_script_answers_for_the_onnxruntime_and_the_aoti_export(in_tm
         assert code == 0 and not tritonservers_on(http)
     assert sorted(p.name for p in (in_tmp / "repo-torch-aoti").iterdir()) == ["cnn", "cnn__positional"]
     assert [p.name for p in (in_tmp / "repo-onnxruntime").iterdir()] == ["cnn"]
+
+
+def test_a_refused_ensemble_names_the_positional_model_it_leaves(tmp_path: Path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "m").write_text("not a model folder")
+    with pytest.raises(PublishError, match=r"repo/m' exists and is not a directory.*The positional model 'm__positional' was published"):
+        publish(_aoti(tmp_path), PublishOptions(repo, "m"))
+    assert (repo / "m").read_text() == "not a model folder"  # the public name was not touched
+    assert _config(repo, "m__positional").platform == "torch_aoti"

@@ -196,22 +196,33 @@ def publish(result: TuneResult, options: PublishOptions) -> Published:
 
 
 def _publish_behind_front(result: TuneResult, options: PublishOptions, files: dict[str, Path], renamed: dict[str, str]) -> Published:
-    """The positional model under its derived name, then the ensemble that serves it under the public names."""
+    """The positional model under its derived name, then the ensemble that serves it under the public names.
+
+    The ensemble is rendered and checked once before anything is written, so a rule it breaks leaves the repository as it was.
+    """
     inner = check_model_name(inner_name(options.name))
-    placed = _place_one(result, replace(options, name=inner), files)
     artifact = result.selected_candidate.artifact
+
+    def front_for(inner_text: str, state: RepositoryState) -> str:
+        config = front_config(parse(inner_text, f"config.pbtxt of {inner!r}"), options.name, inner, renamed)
+        config.ClearField("version_policy")
+        policy = version_policy_for(state)
+        if policy is not None and "latest" in policy:
+            config.version_policy.latest.num_versions = int(policy["latest"])
+        elif policy is not None:
+            config.version_policy.specific.versions.extend(int(v) for v in policy["specific"])
+        facts = config_rules.facts_for(artifact, options.name, state.versions_after, {})
+        config_rules.check(config, facts, f"config.pbtxt of the ensemble {options.name!r} in front of {inner!r}")
+        return canonical(config)
+
+    first = RepositoryState(options.name, False, (), options.version or 1, options.overwrite, None)
+    front_for(prepare_config(result, replace(options, name=inner))[0], first)
+    placed = _place_one(result, replace(options, name=inner), files)
 
     def build(state: RepositoryState) -> ModelFiles:
         if state.exists and not state.overwrite and state.config_text:
             _check_same_platform(state.config_text, "ensemble", options.name)
-        config = front_config(parse(placed.config_text, f"config.pbtxt of {inner!r}"), options.name, inner, renamed)
-        config.ClearField("version_policy")
-        policy = version_policy_for(state)
-        if policy is not None:
-            config.version_policy.CopyFrom(parse(render_version_policy(policy), "version_policy").version_policy)
-        facts = config_rules.facts_for(artifact, options.name, state.versions_after, {})
-        config_rules.check(config, facts, f"config.pbtxt of the ensemble {options.name!r} in front of {inner!r}")
-        return ModelFiles(canonical(config), {}, {f"{state.version}/{VERSION_MARKER}": VERSION_MARKER_TEXT})
+        return ModelFiles(front_for(placed.config_text, state), {}, {f"{state.version}/{VERSION_MARKER}": VERSION_MARKER_TEXT})
 
     try:
         published, _ = _place(options, build)
@@ -223,13 +234,6 @@ def _publish_behind_front(result: TuneResult, options: PublishOptions, files: di
     log.info("published %s as the ensemble %s in front of %s: clients send %s", result.selected_candidate.name, options.name, inner,
              ", ".join(v for k, v in renamed.items() if k.startswith("INPUT__")))
     return published
-
-
-def render_version_policy(policy: dict[str, Any]) -> str:
-    """version_policy_for's dict as config text (the ensemble's policy follows the same rule as a model's)."""
-    if "latest" in policy:
-        return f"version_policy {{ latest {{ num_versions: {int(policy['latest'])} }} }}"
-    return "version_policy { specific { " + " ".join(f"versions: {int(v)}" for v in policy["specific"]) + " } }"
 
 
 def _place(options: PublishOptions, build: Any) -> tuple[Published, Published]:
