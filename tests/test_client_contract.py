@@ -195,35 +195,33 @@ def tritonservers_on(port: int) -> list[str]:
     return out
 
 
-@pytest.mark.slow
-def test_one_client_script_answers_for_the_onnxruntime_and_the_aoti_export(in_tmp: Path):
+def cnn_input_and_eager_output() -> tuple[np.ndarray, np.ndarray]:
+    """Two images for the bundled CNN and what eager PyTorch answers for them."""
     import torch
 
     from optimizer.examples.cnn import build
 
     model, _ = build()
     x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
-    np.save(in_tmp / "x.npy", x)
     with torch.no_grad():
-        expected = model(torch.from_numpy(x)).numpy()
-    (in_tmp / "client.py").write_text(CLIENT)
-    for backend in ("onnxruntime", "torch-aoti"):
-        repo = in_tmp / f"repo-{backend}"
-        r = run_cli("export", "--backend", backend, "--max-batch-size", "4", "--eager-gate", "disabled", "--repository", str(repo),
-                    "--report-dir", f"report-{backend}", cwd=in_tmp)
-        assert r.returncode == 0, r.stderr
-        proc, http, _ = start_serve(repo, in_tmp)
-        try:
-            c = subprocess.run([sys.executable, "client.py", f"127.0.0.1:{http}", "x.npy", f"y-{backend}.npy"],
-                               cwd=in_tmp, capture_output=True, text=True, timeout=120)
-        finally:
-            code = stop_serve(proc)
-        assert c.returncode == 0, f"{backend}: {c.stderr}"
-        np.testing.assert_allclose(np.load(in_tmp / f"y-{backend}.npy"), expected, rtol=1e-4, atol=1e-4)
-        assert code == 0 and not tritonservers_on(http)
-    assert sorted(p.name for p in (in_tmp / "repo-torch-aoti").iterdir()) == ["cnn", "cnn__positional"]
-    assert [p.name for p in (in_tmp / "repo-onnxruntime").iterdir()] == ["cnn"]
+        return x, model(torch.from_numpy(x)).numpy()
 
+
+def client_answers(repo: Path, workdir: Path, x: np.ndarray) -> np.ndarray:
+    """Serve `repo` with `aitune-export serve` (its own process), run CLIENT against it, stop it with SIGINT; the answer.
+
+    Asserts that the server stopped cleanly and left no tritonserver behind."""
+    (workdir / "client.py").write_text(CLIENT)
+    np.save(workdir / "x.npy", x)
+    proc, http, _ = start_serve(repo, workdir)
+    try:
+        c = subprocess.run([sys.executable, "client.py", f"127.0.0.1:{http}", "x.npy", "y.npy"], cwd=workdir, capture_output=True,
+                           text=True, timeout=120)
+    finally:
+        code = stop_serve(proc)
+    assert c.returncode == 0, c.stderr
+    assert code == 0 and not tritonservers_on(http)
+    return np.load(workdir / "y.npy")
 
 def test_a_refused_ensemble_names_the_positional_model_it_leaves(tmp_path: Path):
     repo = tmp_path / "repo"

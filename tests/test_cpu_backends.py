@@ -332,6 +332,25 @@ def _result_for(art: Artifact, sig: Signature, tmp: Path):
 
 
 @pytest.mark.slow
+def test_one_client_script_answers_for_the_aoti_and_the_onnxruntime_export(cli_runs, tmp_path):
+    """The client contract (issue 26): one unchanged tritonclient script (input `image`, output `output__0`, model `cnn`)
+    answers like eager whichever backend the CNN was exported with; torch-aoti's export is the one the tests above made."""
+    from tests.test_client_contract import client_answers, cnn_input_and_eager_output
+
+    cwd, r, result = cli_runs(CNN)
+    assert r.returncode == 0 and result["selected"] == "torch-aoti[cpu]", r.stderr
+    onnx = run_cli("export", CNN, "--backend", "onnxruntime", *LEAN, "--repository", str(tmp_path / "repo"), "--report-dir",
+                   str(tmp_path / "report"), cwd=tmp_path)
+    assert onnx.returncode == 0, onnx.stderr
+    x, expected = cnn_input_and_eager_output()
+    for repo, work in ((cwd / "model_repository", tmp_path / "aoti"), (tmp_path / "repo", tmp_path / "onnx")):
+        work.mkdir()
+        np.testing.assert_allclose(client_answers(repo, work, x), expected, rtol=1e-4, atol=1e-4)
+    assert sorted(p.name for p in (cwd / "model_repository").iterdir()) == ["cnn", "cnn__positional"]
+    assert [p.name for p in (tmp_path / "repo").iterdir()] == ["cnn"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch-aoti", "openvino"])
 @pytest.mark.parametrize("spec", [CNN, TRANSFORMER])
 def test_api_publish_writes_a_config_triton_accepts(builds, backend, spec, tmp_path):
