@@ -2,6 +2,9 @@
 
 Options of `export` are generated from ExportSettings (settings.py), so a flag, a settings-file
 key and an API field are one and the same thing.
+
+Over 400 lines because every command's options, help text and printed lines are click declarations
+that belong together here; the work behind each command is one call into app/.
 """
 
 from __future__ import annotations
@@ -163,6 +166,9 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     click.echo(f"selected {chosen.name}: {result.selection_reason}")
     click.echo(chosen.decision.explanation if chosen.decision else f"max_batch_size {result.max_batch_size}")
     click.echo(f"published {outcome.published.model_dir} (version {outcome.published.version})")
+    if outcome.published.composing:
+        click.echo(f"  an ensemble that takes the forward() names, in front of {', '.join(outcome.published.composing)} "
+                   "(the positional model; --io-names positional publishes it alone)")
     if outcome.published.config:
         click.echo(outcome.published.config["batching"]["explanation"])
     if outcome.published.served_search:
@@ -346,6 +352,44 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
     else:
         _print_validation(record)
     _run_guarded(record.raise_for_status)
+
+
+@main.command()
+@click.argument("repo", required=False, default="model_repository", metavar="[REPO]")
+@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port of Triton's HTTP/REST endpoint.")
+@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True, help="Port of Triton's gRPC endpoint.")
+@click.option("--model-control-mode", type=click.Choice(["explicit", "none", "poll"]), default="explicit", show_default=True,
+              help="Triton's --model-control-mode. explicit loads every model at start and accepts load/unload requests "
+                   "(what `export --url` needs); none loads every model and refuses changes; poll follows the repository.")
+@click.option("--address", default="127.0.0.1", show_default=True, help="Address both endpoints listen on (0.0.0.0: every interface).")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="The cache root, as for export: the tritonserver home with the stand-in backends is prepared under it.")
+@click.pass_context
+def serve(ctx: click.Context, repo: str, http_port: int, grpc_port: int, model_control_mode: str, address: str, cache_dir: str | None) -> None:
+    """Run the bundled tritonserver 2.51 on REPO in the foreground until Ctrl-C (or SIGTERM) stops it.
+
+    REPO is a model repository folder (default ./model_repository) or s3://[HOST:PORT/]BUCKET/PREFIX (credentials as for
+    the aws CLI). The onnxruntime, pytorch and openvino backends are stand-ins (Triton's Python-based backends running pip
+    packages); their numbers are not the native backends'. The server's log goes to stderr (not with -q). Metrics are off.
+    Exit status 0 after Ctrl-C/SIGTERM, 1 when the server stops by itself, 2 for bad usage (missing REPO, busy port,
+    unsupported scheme).
+    """
+    from optimizer.app.serve import ServeRequest, Serving, serve as run_serve, stderr_sink
+    from optimizer.triton.publish import repository_argument
+
+    request = ServeRequest(repo if "://" in repo else str(repository_argument(repo)), http_port, grpc_port, model_control_mode, address, cache_dir)
+
+    def started(serving: Serving) -> None:
+        click.echo(f"tritonserver 2.51 serving {serving.repository} (model control: {serving.model_control_mode})")
+        click.echo(f"HTTP  http://{serving.http_url}")
+        click.echo(f"gRPC  {serving.grpc_url}")
+        for note in serving.notes:
+            click.echo(f"note: {note}")
+        click.echo("Ctrl-C stops it.")
+        sys.stdout.flush()
+
+    sink = None if ctx.obj["quiet"] else stderr_sink
+    _run_guarded(lambda: run_serve(request, started, sink))
 
 
 def _print_validation(record: Any) -> None:

@@ -45,6 +45,7 @@ class ExportSettings:
     version: int | None = _opt(None, "--version", "Add this version to an existing model, leaving its other versions alone.", metavar="N", group="Publish")
     overwrite: bool = _opt(False, "--overwrite", "Replace an existing model of the same name (an atomic swap).", secondary="--no-overwrite", group="Publish")
     warmup: bool = _opt(False, "--warmup", "Add model_warmup at batch 1 and the max batch, from a real sample.", secondary="--no-warmup", group="Publish")
+    io_names: str = _opt("names", "--io-names", "names: clients send the forward() argument names and read output__<i> (or --output-names) whatever backend wins; a positional backend (torch-aoti) is published behind an ensemble that keeps them. positional: publish the bare model (torch-aoti's INPUT__<i>/OUTPUT__<i>).", choices=("names", "positional"), group="Publish")
     template_dir: str | None = _opt(None, "--template-dir", "A folder of *.pbtxt.j2 templates overriding the packaged ones.", metavar="DIR", group="Publish")
     report_dir: str | None = _opt(None, "--report-dir", "Where report.json, samples and work files go (default: aitune-reports/NAME; never inside the repository).", metavar="DIR", group="Publish")
     strategy: str = _opt("max-throughput", "--strategy", "How the winner is chosen.", choices=STRATEGY_NAMES, group="Tuning")

@@ -223,7 +223,9 @@ def test_cli_exports_torch_aoti_and_checks_openvino(cli_runs, spec):
     cwd, r, result = cli_runs(spec)
     assert r.returncode == 0, r.stderr
     name = default_name(spec)
-    model_dir = cwd / "model_repository" / name
+    model_dir = cwd / "model_repository" / f"{name}__positional"  # behind the ensemble `name` that keeps the forward names
+    front = parse((cwd / "model_repository" / name / "config.pbtxt").read_text())
+    assert front.platform == "ensemble" and front.ensemble_scheduling.step[0].model_name == f"{name}__positional"
     config = parse((model_dir / "config.pbtxt").read_text())
     assert config.platform == "torch_aoti" and sorted(p.name for p in (model_dir / "1").iterdir()) == ["model.pt2"]
     assert 1 <= config.max_batch_size <= 4 and config.instance_group[0].kind == 2  # KIND_CPU
@@ -330,13 +332,32 @@ def _result_for(art: Artifact, sig: Signature, tmp: Path):
 
 
 @pytest.mark.slow
+def test_one_client_script_answers_for_the_aoti_and_the_onnxruntime_export(cli_runs, tmp_path):
+    """The client contract (issue 26): one unchanged tritonclient script (input `image`, output `output__0`, model `cnn`)
+    answers like eager whichever backend the CNN was exported with; torch-aoti's export is the one the tests above made."""
+    from tests.test_client_contract import client_answers, cnn_input_and_eager_output
+
+    cwd, r, result = cli_runs(CNN)
+    assert r.returncode == 0 and result["selected"] == "torch-aoti[cpu]", r.stderr
+    onnx = run_cli("export", CNN, "--backend", "onnxruntime", *LEAN, "--repository", str(tmp_path / "repo"), "--report-dir",
+                   str(tmp_path / "report"), cwd=tmp_path)
+    assert onnx.returncode == 0, onnx.stderr
+    x, expected = cnn_input_and_eager_output()
+    for repo, work in ((cwd / "model_repository", tmp_path / "aoti"), (tmp_path / "repo", tmp_path / "onnx")):
+        work.mkdir()
+        np.testing.assert_allclose(client_answers(repo, work, x), expected, rtol=1e-4, atol=1e-4)
+    assert sorted(p.name for p in (cwd / "model_repository").iterdir()) == ["cnn", "cnn__positional"]
+    assert [p.name for p in (tmp_path / "repo").iterdir()] == ["cnn"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch-aoti", "openvino"])
 @pytest.mark.parametrize("spec", [CNN, TRANSFORMER])
 def test_api_publish_writes_a_config_triton_accepts(builds, backend, spec, tmp_path):
     from optimizer.triton.publish import PublishOptions, publish
 
     model, sig, art = builds(backend, spec)
-    published = publish(_result_for(art, sig, tmp_path), PublishOptions(tmp_path / "repo", "m"))
+    published = publish(_result_for(art, sig, tmp_path), PublishOptions(tmp_path / "repo", "m", io_names="positional"))
     version_dir = published.model_dir / "1"
     config = parse((published.model_dir / "config.pbtxt").read_text())
     assert config_rules.violations(config, config_rules.ArtifactFacts(directory_name="m")) == []

@@ -346,7 +346,7 @@ def test_torch_aoti_is_searched_and_validated_locally_through_the_pytorch_stand_
                 "--concurrency", "4", "--serve-search-seconds", "15", "--validate", "--validate-concurrency", "4", cwd=in_tmp,
                 serve_search=True)
     assert r.returncode == 0, r.stderr
-    config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
+    config = parse((in_tmp / "model_repository" / "mlp__positional" / "config.pbtxt").read_text())  # behind the ensemble mlp
     assert config.platform == "torch_aoti"  # the published config is for Triton 26.03+, unchanged by the local translation
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
     search = doc["published"]["served_search"]

@@ -67,7 +67,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     model = _load(settings, module, example_inputs)
     name = settings.name if settings.name is not None else model.name
     check_model_name(name)
-    check_target(repository_argument(settings.repository), name, settings.version, settings.overwrite)
+    check_target(repository_argument(settings.repository), name, settings.version, settings.overwrite, settings.io_names)
     report_dir = report_dir_for(settings, name)
     on_event(Event("load", "done", message=f"{model.name} ({model.format})", elapsed_s=time.perf_counter() - t0))
 
@@ -118,7 +118,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     # 5. serve search, publish, then report
     options = PublishOptions(repository_argument(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
                              Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
-                             cache_dir=plan.cache_root)
+                             cache_dir=plan.cache_root, io_names=settings.io_names)
     try:
         search = _serve_search(settings, plan.cache_root, result, options, work, on_event)
         options = replace(options, served_search=search, operating_point=search.chosen if search.status == "searched" else None)

@@ -36,6 +36,7 @@ def republish(report: Path, repository: Path | str | None = None, name: str | No
         operating_point=search.chosen if search is not None and search.status == "searched" else None,
         served_search=search,
         cache_dir=cache_root(settings.cache_dir),
+        io_names=settings.io_names,
     )
     check_options(options)
     return publish(result, options)

@@ -296,9 +296,6 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
     if platform.key == "torch_aoti":
         _warn_once(f"{cand.name} | platform torch_aoti needs Triton 26.03 or later; the PyTorch backend's README says batch sizes "
                    f"above 1 are not supported for AOTInductor packages yet (max_batch_size {mbs})")
-    if any(k != v for k, v in renamed.items()):
-        _warn_once(f"{cand.name} | {platform.key} addresses tensors by position: clients send "
-                   + ", ".join(f"{k} (for {v})" for k, v in renamed.items()))
     return ConfigSpec(
         name=name,
         platform=platform.platform,

@@ -19,6 +19,7 @@ from optimizer.model.samples import load_feeds
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton import config_rules
+from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
 from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
 from optimizer.triton.object_store.location import parse_location, store_url
 from optimizer.triton.repository import (
@@ -53,6 +54,7 @@ class PublishOptions:
     operating_point: OperatingPoint | None = None
     served_search: ServedSearch | None = None
     cache_dir: Path | None = None  # the run's cache root: the Model Analyzer config's server home is prepared there
+    io_names: str = "names"  # front.IO_NAMES: "names" publishes a positional model behind an ensemble; "positional" bare
 
 
 def check_options(options: PublishOptions) -> None:
@@ -67,15 +69,18 @@ def check_options(options: PublishOptions) -> None:
     ObjectStore(parse_location(url)).check()
 
 
-def check_target(repository: Path | str, name: str, version: int | None, overwrite: bool) -> None:
-    """Before tuning: publishing `name` would not be refused (the no-clobber rule), in a folder or in object storage."""
+def check_target(repository: Path | str, name: str, version: int | None, overwrite: bool, io_names: str = "names") -> None:
+    """Before tuning: publishing `name` would not be refused (the no-clobber rule), in a folder or in object storage; with
+    --io-names names, neither would the positional model a torch-aoti winner is published under (front.inner_name)."""
+    names = [name, inner_name(name)] if io_names == "names" else [name]
     url = store_url(repository)
-    if url is None:
-        check_target_free(Path(repository), name, version, overwrite)
-        return
-    from optimizer.triton.object_store.upload import check_store_target
+    for each in names:
+        if url is None:
+            check_target_free(Path(repository), each, version, overwrite)
+            continue
+        from optimizer.triton.object_store.upload import check_store_target
 
-    check_store_target(parse_location(url), name, version, overwrite)
+        check_store_target(parse_location(url), each, version, overwrite)
 
 
 def repository_argument(value: str | Path) -> Path | str:
@@ -178,47 +183,133 @@ def model_files(result: TuneResult) -> dict[str, Path]:
 
 
 def publish(result: TuneResult, options: PublishOptions) -> Published:
-    """Publish the selected candidate of `result`; with `options.report_dir`, also write the Model Analyzer config there."""
+    """Publish the selected candidate of `result`; with `options.report_dir`, also write the Model Analyzer config there.
+
+    A positional winner (torch-aoti) under `--io-names names` becomes two models (front.py): the positional model under
+    front.inner_name(name) first, then the ensemble `name` in front of it, each placed atomically; the public name
+    therefore never refers to a missing model.
+    """
     if result.selected is None:
         raise PublishError("the run selected no candidate, so there is nothing to publish.")
     files = model_files(result)
-    specs: list[ConfigSpec] = []
+    _, renamed = config_signature(result.selected_candidate.artifact)
+    if needs_front(renamed, options.io_names):
+        return _publish_behind_front(result, options, files, renamed)
+    if any(k != v for k, v in renamed.items()):
+        log.warning("%s | --io-names positional: %s addresses tensors by position: clients send %s", result.selected_candidate.name,
+                    result.selected_candidate.artifact.platform.key, ", ".join(f"{k} (for {v})" for k, v in renamed.items()))
+    return _publish_one(result, options, files)
+
+
+def _publish_behind_front(result: TuneResult, options: PublishOptions, files: dict[str, Path], renamed: dict[str, str]) -> Published:
+    """The positional model under its derived name, then the ensemble that serves it under the public names.
+
+    The ensemble is rendered and checked once before anything is written, so a rule it breaks leaves the repository as it was.
+    """
+    inner = check_model_name(inner_name(options.name))
+    artifact = result.selected_candidate.artifact
+
+    def front_for(inner_text: str, state: RepositoryState) -> str:
+        config = front_config(parse(inner_text, f"config.pbtxt of {inner!r}"), options.name, inner, renamed)
+        config.ClearField("version_policy")
+        policy = version_policy_for(state)
+        if policy is not None and "latest" in policy:
+            config.version_policy.latest.num_versions = int(policy["latest"])
+        elif policy is not None:
+            config.version_policy.specific.versions.extend(int(v) for v in policy["specific"])
+        facts = config_rules.facts_for(artifact, options.name, state.versions_after, {})
+        config_rules.check(config, facts, f"config.pbtxt of the ensemble {options.name!r} in front of {inner!r}")
+        return canonical(config)
+
+    first = RepositoryState(options.name, False, (), options.version or 1, options.overwrite, None)
+    front_for(prepare_config(result, replace(options, name=inner))[0], first)
+    placed = _place_one(result, replace(options, name=inner), files)
 
     def build(state: RepositoryState) -> ModelFiles:
-        text, extra, spec = render_config(result, options, state)
-        specs.append(spec)
-        return ModelFiles(text, files, extra)
+        if state.exists and not state.overwrite and state.config_text:
+            _check_same_platform(state.config_text, "ensemble", options.name)
+        return ModelFiles(front_for(placed.config_text, state), {}, {f"{state.version}/{VERSION_MARKER}": VERSION_MARKER_TEXT})
 
-    url = store_url(options.repository)
-    if url is None:
-        published = local = publish_model(Path(options.repository), options.name, build, options.version, options.overwrite)
-    else:
-        from optimizer.triton.object_store.upload import publish_to_store
-
-        staging = options.report_dir / "work" / "object_store" if options.report_dir is not None else None
-        published, staged = publish_to_store(parse_location(url), options.name, build, options.version, options.overwrite, staging)
-        local = replace(published, model_dir=staged)  # what was uploaded, on this machine (Model Analyzer's base repository)
-    spec = specs[-1]
-    published.config = spec.to_json()
-    published.served_search = options.served_search.to_json() if options.served_search is not None else None
-    if options.report_dir is not None:
-        from optimizer.triton.model_analyzer import write_model_analyzer_config
-
-        path = write_model_analyzer_config(options.report_dir, local, result, spec, options.cache_dir)
-        published.model_analyzer_config = str(path)
-        published.perf_analyzer_input = _write_perf_analyzer_input(options.report_dir, result)
+    try:
+        published, _ = _place(options, build)
+    except PublishError as err:
+        raise PublishError(f"{err} The positional model {inner!r} was published ({placed.published.model_dir}); no other model "
+                           "refers to it until its ensemble is published.") from err
+    published.composing = [inner]
+    _record(result, options, placed, published, public_names=True)
+    log.info("published %s as the ensemble %s in front of %s: clients send %s", result.selected_candidate.name, options.name, inner,
+             ", ".join(v for k, v in renamed.items() if k.startswith("INPUT__")))
     return published
 
 
-def _write_perf_analyzer_input(report_dir: Path, result: TuneResult) -> str | None:
+def _place(options: PublishOptions, build: Any) -> tuple[Published, Published]:
+    """Place one model with the local or object-storage publisher; returns the record and its local copy (Model Analyzer's)."""
+    url = store_url(options.repository)
+    if url is None:
+        published = publish_model(Path(options.repository), options.name, build, options.version, options.overwrite)
+        return published, published
+    from optimizer.triton.object_store.upload import publish_to_store
+
+    staging = options.report_dir / "work" / "object_store" if options.report_dir is not None else None
+    published, staged = publish_to_store(parse_location(url), options.name, build, options.version, options.overwrite, staging)
+    return published, replace(published, model_dir=staged)  # what was uploaded, on this machine (Model Analyzer's base repository)
+
+
+@dataclass
+class _Placed:
+    """A model placed by _place_one: its record, its local copy, the spec and the config text it was written with."""
+
+    published: Published
+    local: Published
+    spec: ConfigSpec
+    config_text: str
+
+
+def _place_one(result: TuneResult, options: PublishOptions, files: dict[str, Path]) -> _Placed:
+    """Render the selected candidate's config under the repository's lock and place the model atomically."""
+    rendered: list[tuple[str, ConfigSpec]] = []
+
+    def build(state: RepositoryState) -> ModelFiles:
+        text, extra, spec = render_config(result, options, state)
+        rendered.append((text, spec))
+        return ModelFiles(text, files, extra)
+
+    published, local = _place(options, build)
+    text, spec = rendered[-1]
+    return _Placed(published, local, spec, text)
+
+
+def _publish_one(result: TuneResult, options: PublishOptions, files: dict[str, Path]) -> Published:
+    """One model that clients call directly."""
+    placed = _place_one(result, options, files)
+    _record(result, options, placed, placed.published)
+    return placed.published
+
+
+def _record(result: TuneResult, options: PublishOptions, placed: _Placed, published: Published, public_names: bool = False) -> None:
+    """The spec and served search on the public model's record; beside the report, the Model Analyzer config (of the model
+    that runs: the positional one behind an ensemble) and perf_analyzer's input data (in the names clients send)."""
+    published.config = placed.spec.to_json()
+    published.served_search = options.served_search.to_json() if options.served_search is not None else None
+    if options.report_dir is None:
+        return
+    from optimizer.triton.model_analyzer import write_model_analyzer_config
+
+    path = write_model_analyzer_config(options.report_dir, placed.local, result, placed.spec, options.cache_dir)
+    published.model_analyzer_config = str(path)
+    published.perf_analyzer_input = _write_perf_analyzer_input(options.report_dir, result, public_names)
+
+
+def _write_perf_analyzer_input(report_dir: Path, result: TuneResult, public_names: bool = False) -> str | None:
     """perf_analyzer's --input-data beside the report: the request mix in-process profiling timed (the user's first
-    sample, else the generated one at every dynamic axis' maximum), which the served search and validate send too."""
+    sample, else the generated one at every dynamic axis' maximum), which the served search and validate send too.
+    In the config's names, or (`public_names`: a model behind an ensemble) in the forward names clients send."""
     from optimizer.triton.perf_analyzer import write_input_data
 
     feeds_path = Path(result.reference.profile_feed)
     if not feeds_path.is_file():
         return None
     sig, renamed = config_signature(result.selected_candidate.artifact)
-    back = {original: config_name for config_name, original in renamed.items()}
+    back = {} if public_names else {original: config_name for config_name, original in renamed.items()}
     feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in load_feeds(feeds_path)]
     return str(write_input_data(report_dir / "perf_analyzer_input.json", feeds, sig.batching))

@@ -320,13 +320,14 @@ class Published:
     perf_analyzer_input: str | None = None  # --input-data JSON of the run's real samples, in the config's tensor names
     served_search: dict[str, Any] | None = None  # records.served_search.ServedSearch: every variant measured in the server
     kserve_manifest: str | None = None  # fleet.manifests: the InferenceService beside the report
+    composing: list[str] = field(default_factory=list)  # models behind this one (the positional model behind an ensemble)
 
     def to_json(self) -> dict[str, Any]:
         """The record report.json keeps under "published"."""
         return {"model_dir": str(self.model_dir), "version": self.version, "replaced": self.replaced, "versions": self.versions,
                 "config": self.config, "model_analyzer_config": self.model_analyzer_config,
                 "perf_analyzer_input": self.perf_analyzer_input, "served_search": self.served_search,
-                "kserve_manifest": self.kserve_manifest}
+                "kserve_manifest": self.kserve_manifest, "composing": self.composing}
 
 
 def publish_model(repository: Path, name: str, build: Callable[[RepositoryState], ModelFiles], version: int | None,

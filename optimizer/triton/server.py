@@ -223,6 +223,10 @@ class LocalTritonServer:
         startup_timeout_s: how long the server may take to answer /v2/health/live.
         load_timeout_s: how long loading one model may take.
         cores: the CPU cores the server (and every backend it runs) is pinned to; None: all of them.
+        http_port, grpc_port: fixed ports (`aitune-export serve`); None: free loopback ports chosen per start.
+        model_control_mode: Triton's --model-control-mode (explicit, none or poll).
+        load_models: models loaded at start (--load-model, "*" for all; explicit mode only).
+        address: the address both endpoints listen on.
     """
 
     exit_timeout_s = 10
@@ -230,7 +234,8 @@ class LocalTritonServer:
 
     def __init__(self, repository: Path | str, *, log_path: Path | None = None, startup_timeout_s: float = 120.0,
                  load_timeout_s: float = 300.0, home: ServerHome | None = None, env: dict[str, str] | None = None,
-                 cores: list[int] | None = None) -> None:
+                 cores: list[int] | None = None, http_port: int | None = None, grpc_port: int | None = None,
+                 model_control_mode: str = "explicit", load_models: tuple[str, ...] = (), address: str = "127.0.0.1") -> None:
         remote = isinstance(repository, str) and repository.startswith("s3://")
         self.repository: Path | str = repository if remote else Path(repository).resolve()
         self._env = dict(env or {})
@@ -242,6 +247,10 @@ class LocalTritonServer:
         self.log_path = Path(log_path) if log_path else None
         self.shm_prefix = f"{SHM_PREFIX}aitune{os.getpid()}x{secrets.token_hex(4)}_"
         self.http_port = self.grpc_port = 0
+        self._fixed_ports = (http_port, grpc_port) if http_port and grpc_port else None
+        self.model_control_mode = model_control_mode
+        self._load_models = tuple(load_models)
+        self.address = address
         self._proc: subprocess.Popen | None = None
         self._clients: list[Any] = []
         self._loader: Any = None
@@ -249,12 +258,16 @@ class LocalTritonServer:
 
     # -- addresses and clients --------------------------------------------------------------------
     @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.address in ("0.0.0.0", "127.0.0.1") else self.address
+
+    @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self._client_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self._client_host}:{self.grpc_port}"
 
     @property
     def pid(self) -> int | None:
@@ -300,7 +313,7 @@ class LocalTritonServer:
             failure = self._start_once(env)
             if failure is None:
                 return
-            if not failure.port_clash:
+            if not failure.port_clash or self._fixed_ports:
                 break
             log.info("a port was taken between choosing and binding it; retrying with new ports")
         assert failure is not None
@@ -308,19 +321,23 @@ class LocalTritonServer:
 
     def _start_once(self, env: dict[str, str]) -> ServerFailure | None:
         assert self.home is not None and self.log_path is not None
-        self.http_port, self.grpc_port = free_port(), free_port()
-        while self.grpc_port == self.http_port:
-            self.grpc_port = free_port()
+        if self._fixed_ports:
+            self.http_port, self.grpc_port = self._fixed_ports
+        else:
+            self.http_port, self.grpc_port = free_port(), free_port()
+            while self.grpc_port == self.http_port:
+                self.grpc_port = free_port()
         args = [
             str(self.home.binary),
             f"--model-repository={self.repository}",
-            "--model-control-mode=explicit",
+            f"--model-control-mode={self.model_control_mode}",
+            *(f"--load-model={m}" for m in self._load_models),
             "--exit-on-error=false",
             f"--backend-directory={self.home.backends}",
             f"--cache-directory={self.home.caches}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            "--http-address=127.0.0.1", f"--http-port={self.http_port}",
-            "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
+            f"--http-address={self.address}", f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}",
             "--allow-metrics=false",
             f"--exit-timeout-secs={self.exit_timeout_s}",
         ]

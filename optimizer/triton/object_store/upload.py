@@ -211,7 +211,7 @@ def _publish(store: ObjectStore, name: str, stored: StoredModel, state: Reposito
              staging: Path) -> tuple[Published, Path]:
     location, overwrite = store.location, state.overwrite
     staged = Path(publish_model(staging, name, lambda _: files, state.version, True).model_dir)
-    main_file = next(iter(files.version_files))
+    main_file = next(iter(files.version_files), "")  # an ensemble's version folder holds no model file
     order = _upload_order(staged, state.version, main_file)
     new_paths = set(order) | {"config.pbtxt", MANIFEST}
     replaced = set(stored.objects) - new_paths if overwrite else set()

@@ -22,7 +22,7 @@ from optimizer.triton.validation.checks import check_answers, check_oversize, re
 from optimizer.triton.validation.client import config_summary, execution_counts, load_remote, max_batch, request_ms, served_config, server_version
 from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
 from optimizer.triton.validation.record import STAND_IN_LABEL, ValidationRecord
-from optimizer.triton.validation.target import ModelTarget, local_servability, output_folder, resolve_target
+from optimizer.triton.validation.target import ModelTarget, composing_targets, local_servability, output_folder, resolve_target
 
 PERF_INPUT_FILENAME = "perf_analyzer_input.json"
 BUSY_SHARE = 0.25
@@ -139,10 +139,15 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     any_client = clients.get("http") or clients[settings.protocol]
     served = served_config(any_client, target.name)
     record.served_config = config_summary(served)
-    runtime = str(served.get("runtime") or "")  # Triton reports "model.py" for a Python-based backend
-    record.stand_in = runtime.endswith(".py") and (served.get("backend") or "") != "python"
-    record.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{served.get('backend')}/model.py "
+    steps = [s.get("model_name") for s in (served.get("ensemble_scheduling") or {}).get("step", [])]
+    runs = served_config(any_client, steps[0]) if len(steps) == 1 else served  # what runs the model behind our ensemble
+    runtime = str(runs.get("runtime") or "")  # Triton reports "model.py" for a Python-based backend
+    record.stand_in = runtime.endswith(".py") and (runs.get("backend") or "") != "python"
+    record.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{runs.get('backend')}/model.py "
                         f"with pip packages, not the native C++ backend" if record.stand_in else "native backend")
+    if len(steps) == 1:
+        record.served_by = f"the ensemble {target.name!r} (the forward names) in front of {steps[0]!r}; {record.served_by}"
+    stats_name = steps[0] if len(steps) == 1 else target.name  # the batches the server formed are the step model's
     feeds, expected, points = reference_feeds(reference, served)
     for protocol, client in clients.items():
         record.answers.append(check_answers(client, protocol, target.name, served, feeds, expected, points,
@@ -159,7 +164,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     input_data = write_input_data(folder / PERF_INPUT_FILENAME, _request_mix(reference, served) or feeds, max_batch(served) > 0)
     on_event(Event("validate", "progress", target.name, f"answers match; perf_analyzer at concurrency {settings.concurrency}"))
     stats_client = clients.get(settings.protocol) or any_client
-    before = execution_counts(stats_client, target.name)
+    before = execution_counts(stats_client, stats_name)
     settings = replace(settings, measurement_interval_ms=window_for(settings, request_ms(stats_client, target.name)))
     try:
         perf = run_perf_analyzer(target.name, urls[settings.protocol], input_data, work / "perf_analyzer", settings)
@@ -173,7 +178,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     except InferenceServerException as err:  # the server died under load
         record.status, record.reason = "failed", f"Triton stopped answering during perf_analyzer: {triton_message(err)}"
         return
-    after = execution_counts(stats_client, target.name)
+    after = execution_counts(stats_client, stats_name)
     record.perf = perf.to_json()
     if perf.note:
         record.notes.append(f"perf_analyzer: {perf.note}")
@@ -226,7 +231,21 @@ def _compare_with_curve(record: ValidationRecord, reference: ExportReference, ro
 
 def _locally_servable(target: ModelTarget, work: Path, record: ValidationRecord) -> ModelTarget:
     """The target itself, or (a platform the local core does not know) a private translated copy of it; a model in object
-    storage is downloaded for that copy (the stand-in reads the translated config beside the files)."""
+    storage is downloaded for that copy (the stand-in reads the translated config beside the files). An ensemble whose
+    step needs translation is copied beside its translated step, unchanged."""
+    if target.config.platform == "ensemble":
+        steps = composing_targets(target)
+        if not any(needs_translation(t.config) for t in steps):
+            return target
+        served = [_locally_servable(t, work, record) for t in steps]
+        repository = work / "repository"
+        for step, copy in zip(steps, served):
+            if copy.repository != repository:  # a step the core knows: linked (downloaded from object storage) as it is
+                source = Path(step.repository) / step.name if not step.remote else step.store.download(step.name, work / "download" / step.name)
+                private_model(source, repository, step.name, canonical(step.config))
+        source = Path(target.repository) / target.name if not target.remote else target.store.download(target.name, work / "download" / target.name)
+        private_model(source, repository, target.name, canonical(target.config))
+        return ModelTarget(repository, target.name, target.config)
     if not needs_translation(target.config):
         return target
     config = local_config(target.config)
@@ -245,8 +264,11 @@ def incomplete_publish(target: ModelTarget) -> str:
         return ""
     from optimizer.triton.object_store.upload import manifest_mismatch
 
-    problem = manifest_mismatch(target.store, target.name)
-    return f"incomplete publish at {target.repository}/{target.name}: {problem}; publish it again." if problem else ""
+    for model in [*composing_targets(target), target]:  # an ensemble's step first: it is published before the ensemble
+        problem = manifest_mismatch(model.store, model.name)
+        if problem:
+            return f"incomplete publish at {model.repository}/{model.name}: {problem}; publish it again."
+    return ""
 
 
 def default_sweep(reference: ExportReference | None) -> ConcurrencyRange:

@@ -57,10 +57,14 @@ def resolve_target(repository: Path, model: str | None) -> ModelTarget:
         repository, model = repository.resolve().parent, repository.resolve().name
     models = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
     if model is None:
-        if len(models) != 1:
+        candidates = _public_models({m: (repository / m / "config.pbtxt").read_bytes() for m in models}) if len(models) > 1 else models
+        if len(candidates) == 1:
+            model = candidates[0]
+        elif len(models) != 1:
             listing = ", ".join(models) if models else "none"
             raise RepositoryError(f"{str(repository)!r} holds {len(models)} models ({listing}); choose one with --model NAME.")
-        model = models[0]
+        else:
+            model = models[0]
     if model not in models:
         raise RepositoryError(f"model {model!r} is not in {str(repository)!r} (no {model}/config.pbtxt); models there: {', '.join(models) or 'none'}.")
     path = repository / model / "config.pbtxt"
@@ -81,6 +85,8 @@ def _resolve_store_target(url: str, model: str | None) -> ModelTarget:
     store.check()
     configs = {name: text for name in store.folders() if (text := store.read(f"{name}/config.pbtxt")) is not None}
     models = sorted(configs)
+    if model is None and len(_public_models(configs)) == 1:
+        model = _public_models(configs)[0]
     if model is None:
         if len(models) != 1:
             raise RepositoryError(f"{location.url!r} holds {len(models)} models ({', '.join(models) or 'none'}); choose one with --model NAME.")
@@ -93,6 +99,42 @@ def _resolve_store_target(url: str, model: str | None) -> ModelTarget:
     except TemplateError as err:
         raise RepositoryError(str(err)) from err
     return ModelTarget(location.url, model, config, store)
+
+
+def _public_models(configs: dict[str, bytes]) -> list[str]:
+    """The models no ensemble among `configs` is built on (an export behind the client contract is two models, one public)."""
+    from optimizer.triton.model_config import parse
+
+    composed: set[str] = set()
+    for name, text in configs.items():
+        try:
+            config = parse(text.decode(errors="replace"), f"{name}/config.pbtxt")
+        except TemplateError:
+            continue
+        composed.update(step.model_name for step in config.ensemble_scheduling.step)
+    return sorted(set(configs) - composed)
+
+
+def composing_targets(target: ModelTarget) -> list[ModelTarget]:
+    """The models an ensemble target runs (its steps' models, from the same repository); [] for any other model."""
+    from optimizer.triton.model_config import parse
+
+    out = []
+    for step in target.config.ensemble_scheduling.step:
+        if target.remote:
+            text = target.store.read(f"{step.model_name}/config.pbtxt")
+        else:
+            path = Path(target.repository) / step.model_name / "config.pbtxt"
+            text = path.read_bytes() if path.is_file() else None
+        if text is None:
+            raise RepositoryError(f"ensemble {target.name!r} runs model {step.model_name!r}, which is not in {str(target.repository)!r}; "
+                                  "publish the export again.")
+        try:
+            config = parse(text.decode(errors="replace"), f"{step.model_name}/config.pbtxt")
+        except TemplateError as err:
+            raise RepositoryError(str(err)) from err
+        out.append(ModelTarget(target.repository, step.model_name, config, target.store))
+    return out
 
 
 def output_folder(target: ModelTarget, report_dir: Path | None, export_report: Path | None) -> Path:
@@ -114,7 +156,9 @@ def output_folder(target: ModelTarget, report_dir: Path | None, export_report: P
 
 
 def local_servability(target: ModelTarget, home: ServerHome) -> str:
-    """Why the local CPU server cannot serve this model at all ("" when it can try)."""
+    """Why the local CPU server cannot serve this model at all ("" when it can try); an ensemble, when it can serve its steps."""
+    if target.config.platform == "ensemble":
+        return next((reason for reason in (local_servability(t, home) for t in composing_targets(target)) if reason), "")
     config = target.config
     if target.backend == "tensorrt":
         return "a TensorRT plan needs TensorRT and a GPU, which the local server has neither of; validate it on a GPU machine with --url HOST:PORT."
