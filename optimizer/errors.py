@@ -43,6 +43,10 @@ class TemplateError(UsageError):
     """A config.pbtxt template fails to render or does not parse as Triton's ModelConfig."""
 
 
+class ServerError(UsageError):
+    """The Triton given with --url cannot run the served search: unreachable, not in explicit model-control mode, or gone."""
+
+
 class CheckFailed(OptimizerError):
     """Good input on which a check failed: no candidate passed, a rule or a validation failed."""
 

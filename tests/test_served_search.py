@@ -179,6 +179,9 @@ class _Loader:
     def unload(self, names) -> None:
         self.loaded -= set(names)
 
+    def runtime(self, name: str) -> str:
+        return ""
+
 
 def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_largest: int = 64, budget_s: float = 600.0):
     """Run the search's order (start, coarse, refine, settle, base) against `served(point, concurrency) -> LoadLevel`:
@@ -312,32 +315,35 @@ def test_a_search_record_round_trips():
 
 @pytest.mark.slow
 def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Path):
-    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "4",
-                "--serve-search-seconds", "30", "--validate", "--validate-concurrency", "4", cwd=in_tmp, serve_search=True)
+    """No load given: each variant is swept for the most throughput it sustains; the published config is one of them,
+    and validate tests a prediction at loads the search did not measure, apart from repeating the ones it did."""
+    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
+                "--serve-search-seconds", "45", "--validate", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
     search = ServedSearch.from_json(doc["published"]["served_search"])
     assert search.status == "searched", search.reason
-    assert search.concurrency == 4 and search.stand_in and "stand-in" in search.served_by
-    assert search.variants[0].stage == "start" and search.variants[0].point == search.start
+    assert search.objective == "max-throughput" and search.stand_in and "stand-in" in search.served_by
+    assert search.variants[0].stage == "start"
     measured = [v for v in search.variants if v.status == "measured"]
-    assert len(measured) >= 2 and all(v.throughput and v.p95_ms for v in measured)
+    assert len(measured) >= 3 and all(v.curve and v.throughput and v.p95_ms for v in measured)
+    assert any(len(v.curve) >= 2 for v in measured)  # a sweep, not one load
     chosen = search.chosen_variant
-    assert chosen is not None and chosen.differs == {}
+    assert chosen is not None and chosen.point == search.chosen and chosen.differs == {} and search.concurrency == chosen.concurrency
     config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
-    assert config.max_batch_size == search.chosen.max_batch_size
-    assert config.instance_group[0].count == search.chosen.instances
-    if config.max_batch_size > 1:
-        assert list(config.dynamic_batching.preferred_batch_size) == list(search.chosen.preferred)
-        assert config.dynamic_batching.max_queue_delay_microseconds == search.chosen.queue_delay_us
-    assert "served search:" in r.stdout
+    assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances)
+    assert list(config.dynamic_batching.preferred_batch_size) == list(search.chosen.preferred)
+    assert config.dynamic_batching.max_queue_delay_microseconds == search.chosen.queue_delay_us
+    assert "served search for the most throughput the config sustains" in r.stdout
     report_md = (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
-    assert "## Served search" in report_md and (in_tmp / "aitune-reports" / "mlp" / "served_search.png").is_file()
+    assert "Chosen for the most throughput the config sustains" in report_md and (in_tmp / "aitune-reports" / "mlp" / "served_search.png").is_file()
     validation = json.loads((in_tmp / "aitune-reports" / "mlp" / "validation.json").read_text())
     assert validation["status"] == "passed", validation["reason"]
-    assert validation["predicted_concurrency"] == 4 and validation["predicted_throughput"] == search.predicted_throughput
-    assert 4 in [row["concurrency"] for row in validation["perf"]["rows"]] and validation["throughput_ratio"] is not None
-    assert "served search" in validation["predicted_how"]
+    assert validation["predictions"] and validation["repeatability"]  # both kinds of load were swept
+    searched = {lv.concurrency for v in search.variants if v.point == search.chosen for lv in v.curve}
+    assert all(p["concurrency"] not in searched for p in validation["predictions"])
+    assert all(rp["concurrency"] in searched for rp in validation["repeatability"])
+    assert validation["throughput_ratio"] is not None and "served / predicted at loads the served search did not measure" in r.stdout
 
 
 @pytest.mark.slow

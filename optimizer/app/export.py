@@ -120,7 +120,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
                              Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
                              cache_dir=plan.cache_root, io_names=settings.io_names)
     try:
-        search = _serve_search(settings, plan.cache_root, result, options, work, on_event)
+        search = _serve_search(settings, plan, result, options, work, on_event)
         options = replace(options, served_search=search, operating_point=search.chosen if search.status == "searched" else None)
         on_event(Event("publish", "start", result.selected))
         published = publish(result, options)
@@ -145,17 +145,37 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     return ExportOutcome(result, published, report_path, validation)
 
 
-def _serve_search(settings: ExportSettings, cache_root: Path, result: TuneResult, options: PublishOptions, work: Path,
+def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, options: PublishOptions, work: Path,
                   on_event: EventSink) -> ServedSearch:
-    """The served operating point (section 6b of the design): measured in the local server unless --serve-search off."""
+    """The served operating point (section 6b of the design): measured in the bundled server, or in the user's (--url),
+    unless --serve-search off. A candidate the user's server refuses to load is passed over for the next one, with the
+    server's own words in the report."""
     if settings.serve_search == "off":
         return ServedSearch(status="off", reason="--serve-search off: the in-process rules stand")
     from optimizer.triton.served_search import SearchRequest, served_search
 
     budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds)
-    request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile, budget, cache_root,
-                            user_max=settings.batch_cap(), wait_for_cores_s=settings.wait_for_cores_s)
-    return served_search(result, options, request, on_event)
+    request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile, budget, plan.cache_root,
+                            user_max=settings.batch_cap(), wait_for_cores_s=settings.wait_for_cores_s, url=settings.url,
+                            protocol=settings.protocol, server_version=plan.server.version if plan.server is not None else "")
+    while True:
+        search = served_search(result, options, request, on_event)
+        following = _next_candidate(result) if search.refused else None
+        if following is None:
+            return search
+        refused = result.selected_candidate
+        refused.reason = f"{refused.reason}; refused by the Triton at {settings.url}: {search.reason}".lstrip("; ")
+        on_event(Event("serve", "progress", refused.name, f"the server at {settings.url} refused it; trying {following.name}"))
+        result.selected, result.max_batch_size = following.name, following.decision.max_batch_size
+        result.refused = [*getattr(result, "refused", []), refused.name]
+
+
+def _next_candidate(result: TuneResult) -> Any:
+    """The fastest passed candidate not tried on the user's server yet (None: none left)."""
+    tried = {result.selected, *getattr(result, "refused", [])}
+    left = [c for c in result.candidates if c.passed and c.name not in tried and c.artifact is not None and c.decision is not None
+            and c.decision.profiles]
+    return max(left, key=lambda c: c.decision.best.throughput, default=None)
 
 
 def _load(settings: ExportSettings, module: Any, example_inputs: Any) -> LoadedModel:

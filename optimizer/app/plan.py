@@ -40,6 +40,7 @@ class RunPlan:
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     cache_root: Path = field(default_factory=cache_root)
     release_gate: ReleaseGate | None = None  # --triton-release against this machine's toolchain
+    server: Any = None  # triton.remote.ServerFacts of --url (None: the served search runs on the bundled server)
 
 
 def build_release_gate(settings: ExportSettings) -> ReleaseGate:
@@ -137,6 +138,12 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
     check_options(PublishOptions(repository_argument(settings.repository), settings.name or "model"))
     if settings.template_dir and not Path(settings.template_dir).is_dir():
         raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
+    if settings.url and settings.serve_search == "on":  # the user's server: reachable and loading on request, before any tuning
+        from optimizer.triton.remote import probe_server
+
+        plan.server = probe_server(settings.url, settings.protocol)
+    elif settings.url:
+        raise SettingsError("--url runs the served search on that server, and --serve-search off skips the search; drop one of them.")
     if settings.validate:  # a missing tool or a bad range fails now, not after tuning
         from optimizer.triton.perf_analyzer import ConcurrencyRange, find_perf_analyzer
         from optimizer.triton.server import find_triton

@@ -164,6 +164,7 @@ class ServedSearch:
     predicted_throughput: float | None = None  # what the published config served at `concurrency` in the search
     measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json() when others kept cores busy (else None)
     waited_s: float | None = None  # --wait-for-cores: how long the search waited for the cores others used
+    refused: bool = False  # the user's server (--url) refused to load the artifact: the export tries the next candidate
 
     @property
     def chosen_variant(self) -> ServedVariant | None:

@@ -45,16 +45,19 @@ class VariantLoader:
     """Loads config variants under private names and unloads every one it loaded; a context manager.
 
     Args:
-        url: the server's HTTP endpoint (host:port).
-        place: called with a private name before it is loaded, where the server reads our disk (links the files there).
+        url: the server's endpoint (host:port) for `protocol` ("http" or "grpc").
+        place: called with a private name (and whether it takes the model's files) before it is loaded, where the server reads
+            our disk (links the files there).
         files: the model's files as `file:` overrides ({"1/model.onnx": bytes}), where it does not.
         check_alive: raises when the server is gone (a local server's exit), so a load never waits for a dead server.
         parallel: how many variants load at once (Triton loads models on several threads).
     """
 
-    def __init__(self, url: str, *, place: Callable[[str], None] | None = None, files: dict[str, bytes] | None = None,
-                 check_alive: Callable[[], None] = lambda: None, timeout_s: float = 300.0, parallel: int = 4) -> None:
+    def __init__(self, url: str, *, protocol: str = "http", place: Callable[[str, bool], None] | None = None,
+                 files: dict[str, bytes] | None = None, check_alive: Callable[[], None] = lambda: None, timeout_s: float = 300.0,
+                 parallel: int = 4) -> None:
         self.url = url
+        self.protocol = protocol
         self._place = place
         self._files = {f"file:{k}": v for k, v in (files or {}).items()} or None
         self._check_alive = check_alive
@@ -70,24 +73,28 @@ class VariantLoader:
         self.close()
 
     def client(self) -> Any:
-        """One HTTP client for the repository calls (loads run on their own clients, one per thread)."""
+        """One client for the repository calls (loads run on their own clients, one per thread)."""
         if self._client is None:
             from optimizer.triton.server import open_client
 
-            self._client = open_client("http", self.url, self.timeout_s)
+            self._client = open_client(self.protocol, self.url, self.timeout_s)
         return self._client
 
-    def load(self, configs: dict[str, str]) -> dict[str, str]:
-        """Load each private name with its config text (config.pbtxt form); returns name -> Triton's error for those that failed."""
+    def load(self, configs: dict[str, str], files: dict[str, bytes] | None = None) -> dict[str, str]:
+        """Load each private name with its config text (config.pbtxt form); returns name -> Triton's error for those that failed.
+
+        `files` replaces the model's files for these loads (an ensemble front's version folder marker); None: the model's."""
         from optimizer.triton.server import open_client, triton_message
+
+        overrides = self._files if files is None else ({f"file:{k}": v for k, v in files.items()} if self._files is not None else None)
 
         def one(item: tuple[str, str]) -> tuple[str, str]:
             name, text = item
             if self._place is not None:
-                self._place(name)
-            client = open_client("http", self.url, self.timeout_s)
+                self._place(name, files is None)
+            client = open_client(self.protocol, self.url, self.timeout_s)
             try:
-                client.load_model(name, config=config_json(text, name), files=self._files)
+                client.load_model(name, config=config_json(text, name), files=overrides)
                 self.loaded.add(name)
                 return name, ""
             except Exception as err:  # InferenceServerException, or a connection the server closed while it died
@@ -118,13 +125,23 @@ class VariantLoader:
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             try:
-                index = client.get_model_repository_index()
+                index = _index(client)
             except Exception:
                 return
             if not any(m.get("name") in names and m.get("state") in ("READY", "UNLOADING", "LOADING") for m in index):
                 return
             time.sleep(0.05)
         raise ValidationError(f"the server did not unload {', '.join(names)} within {self.timeout_s:.0f} s")
+
+    def runtime(self, name: str) -> str:
+        """The loaded variant's config `runtime` as the server filled it in ("model.py": a Python-based backend ran it)."""
+        try:
+            config = self.client().get_model_config(name)
+        except Exception:
+            return ""
+        if not isinstance(config, dict):  # the gRPC client's ModelConfigResponse
+            return str(getattr(getattr(config, "config", None), "runtime", ""))
+        return str(config.get("runtime", ""))
 
     def close(self) -> None:
         """Unload every variant still loaded and close the client; never raises (it runs while an error propagates)."""
@@ -138,3 +155,11 @@ class VariantLoader:
             except Exception:
                 pass
             self._client = None
+
+
+def _index(client: Any) -> list[dict[str, Any]]:
+    """The repository index as dicts (the HTTP client returns them, the gRPC client a message)."""
+    index = client.get_model_repository_index()
+    if isinstance(index, list):
+        return index
+    return [{"name": m.name, "state": m.state} for m in index.models]

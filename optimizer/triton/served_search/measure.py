@@ -40,6 +40,7 @@ class Bench:
     workdir: Path
     window_ms: int = MIN_WINDOW_MS
     timeout_s: float = 120.0
+    protocol: str = "http"
 
     def window_for(self, throughput: float | None) -> int:
         """Windows that hold about WINDOW_REQUESTS requests at this throughput."""
@@ -50,32 +51,39 @@ class Bench:
 
 def warm_up(bench: Bench, model: str, concurrency: int, requests: int) -> None:
     """Send `requests` batch-1 requests, `concurrency` at a time, through tritonclient and discard the answers."""
-    import tritonclient.http as httpclient
+    from concurrent.futures import ThreadPoolExecutor
+
+    from optimizer.triton.server import open_client
+
+    if bench.protocol == "http":
+        import tritonclient.http as module
+    else:
+        import tritonclient.grpc as module
     from tritonclient.utils import np_to_triton_dtype
 
-    client = httpclient.InferenceServerClient(bench.url, concurrency=max(1, concurrency), connection_timeout=bench.timeout_s,
-                                              network_timeout=bench.timeout_s)
-    try:
-        pending = []
-        for i in range(max(1, requests)):
-            row = bench.rows[i % len(bench.rows)]
-            inputs = []
-            for name, arr in row.items():
-                tensor = httpclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-                tensor.set_data_from_numpy(arr, binary_data=True)
-                inputs.append(tensor)
-            pending.append(client.async_infer(model, inputs))
-            if len(pending) >= concurrency:
-                pending.pop(0).get_result()
-        for request in pending:
-            request.get_result()
-    finally:
-        client.close()
+    slots = max(1, min(concurrency, 64))
+
+    def send(count: int) -> None:
+        client = open_client(bench.protocol, bench.url, bench.timeout_s)
+        try:
+            for i in range(count):
+                inputs = []
+                for name, arr in bench.rows[i % len(bench.rows)].items():
+                    tensor = module.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+                    tensor.set_data_from_numpy(arr)
+                    inputs.append(tensor)
+                client.infer(model, inputs)
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(slots) as pool:
+        for done in [pool.submit(send, max(1, requests // slots)) for _ in range(slots)]:
+            done.result()
 
 
 def measure_level(bench: Bench, model: str, concurrency: int, window_ms: int) -> LoadLevel:
     """One perf_analyzer run at one concurrency; ValidationError when it measured nothing."""
-    settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=window_ms,
+    settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), protocol=bench.protocol, measurement_interval_ms=window_ms,
                             stability_percentage=25, max_trials=6, timeout_s=bench.timeout_s)
     row = run_perf_analyzer(model, bench.url, bench.input_data, bench.workdir / "perf_analyzer", settings).best
     if row is None:

@@ -14,17 +14,19 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from optimizer.errors import ConfigRuleError, PublishError, TemplateError, ValidationError
+from optimizer.errors import ConfigRuleError, PublishError, ServerError, TemplateError, ValidationError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.machine import cpu_cores
 from optimizer.model.samples import load_feeds
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, ServedVariant
 from optimizer.records.tune_result import TuneResult
 from optimizer.task.core_share import CoreShare, probe
+from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
 from optimizer.triton.local_serving import local_config, needs_translation, translation_note
 from optimizer.triton.model_config import canonical, config_signature, operating_point_of, parse
 from optimizer.triton.perf_analyzer import write_input_data
@@ -69,6 +71,9 @@ class SearchRequest:
     cache_dir: Path | None = None
     user_max: int | None = None  # --max-batch-size: never changed by the search
     wait_for_cores_s: float = 0.0  # --wait-for-cores: how long to wait for cores other processes keep busy
+    url: str | None = None  # --url: a running Triton (explicit model control) to search on instead of the bundled one
+    protocol: str = "http"  # --protocol: how the variants are loaded and measured
+    server_version: str = ""  # what that server said it is (remote.probe_server)
 
     @property
     def objective(self) -> Objective:
@@ -92,7 +97,11 @@ def served_search(result: TuneResult, options: PublishOptions, request: SearchRe
     on_event(Event("serve", "start", result.selected or "", f"{start.label}; for {search.load}"))
     try:
         _search(result, options, request, search, on_event)
+    except ServerError:
+        raise
     except (ToolMissing, ValidationError) as err:
+        if request.url:  # the user's server failed the search: nothing is published from half of it
+            raise ServerError(f"the served search on {request.url} failed: {err}") from err
         search.status, search.reason = "skipped", str(err)
     finally:
         search.seconds = round(time.monotonic() - t0, 2)
@@ -106,61 +115,49 @@ def served_search(result: TuneResult, options: PublishOptions, request: SearchRe
 
 def _search(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, on_event: EventSink) -> None:
     from optimizer.triton.perf_analyzer import find_perf_analyzer
-    from optimizer.triton.validation.target import ModelTarget, local_servability
 
     artifact = result.selected_candidate.artifact
     assert artifact is not None and artifact.platform is not None and search.start is not None
-    repo = request.workdir / "repository"
-    shutil.rmtree(repo, ignore_errors=True)
-    repo.mkdir(parents=True)
     text, extra, _ = prepare_config(result, options)
-    home = prepare_home(find_triton(), homes_root(request.cache_dir))
-    reason = local_servability(ModelTarget(repo, options.name, parse(_locally(text))), home)
-    if reason:
-        search.reason = reason.replace("validate it", "serve it").split("; ")[0]
-        return
-    find_perf_analyzer()
-    search.stand_in = artifact.platform.backend in home.stand_ins()
-    search.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{artifact.platform.backend}/model.py"
-                        if search.stand_in else "native backend")
-    if needs_translation(parse(text)):
-        search.served_by += f"; {translation_note(parse(text))}"
-    input_data, search.request_mix, rows = request_mix(result, request.workdir)
-    gpu = Device.of(artifact.device).is_cuda
-    share = None if gpu else _free_cores(request, search, on_event)
-    decision = result.selected_candidate.decision
-    first = search.start
-    if share is not None and share.reduced:
-        search.measured_on = share.to_json()
-        first = on_free_cores(_as_measured(search.start, decision), len(share.cores), artifact.platform.thread_parameter)
-        on_event(Event("serve", "progress", result.selected or "", f"{share.summary('variant').split(': throughputs')[0]}; "
-                       "the config published is the one measured there (re-export on a quiet machine, or --wait-for-cores, for every core)"))
-    space = SearchSpace.of(decision, first, len(share.cores) if share else cpu_cores(), gpu, request.concurrency or 0, request.user_max)
-    deadline = time.monotonic() + request.budget_s
-    files = {target: source for target, source in model_files(result).items()}
-
-    def place(name: str) -> None:  # the private model folder: the artifact's files linked, the config's extra files written
-        version = repo / name / "1"
-        version.mkdir(parents=True, exist_ok=True)
-        for target, source in files.items():
-            (version / target).unlink(missing_ok=True)
-            (version / target).symlink_to(source.resolve())
-        for rel, data in extra.items():
-            (repo / name / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / name / rel).write_bytes(data)
-
-    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
-        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {server.http_url}"
-        with VariantLoader(server.http_url, place=place, check_alive=server.check_alive) as loader:
-            bench = Bench(server.http_url, input_data, rows, request.workdir)
-            run = _Run(result, options, request, search, loader, bench, server.check_alive, deadline, on_event)
+    with ExitStack() as stack:
+        where = (_remote(result, request, search, extra) if request.url else
+                 stack.enter_context(_local(result, options, request, search, text, extra, on_event)))
+        if where is None:  # the local server cannot serve this artifact: search.reason says why
+            return
+        find_perf_analyzer()
+        if needs_translation(parse(text)):
+            search.served_by += f"; {translation_note(parse(text))}"
+        fronted = needs_front(config_signature(artifact)[1], options.io_names)
+        if fronted:
+            search.served_by += "; measured through the ensemble that keeps the forward() names in front of it, as published"
+        input_data, search.request_mix, rows = request_mix(result, request.workdir, public_names=fronted)
+        gpu = Device.of(artifact.device).is_cuda
+        decision = result.selected_candidate.decision
+        share, first = where.share, search.start
+        if share is not None and share.reduced:
+            search.measured_on = share.to_json()
+            first = on_free_cores(_as_measured(search.start, decision), len(share.cores), artifact.platform.thread_parameter)
+            on_event(Event("serve", "progress", result.selected or "", f"{share.summary('variant').split(': throughputs')[0]}; "
+                           "the config published is the one measured there (re-export on a quiet machine, or --wait-for-cores, for every core)"))
+        space = SearchSpace.of(decision, first, len(share.cores) if share else cpu_cores(), gpu, request.concurrency or 0, request.user_max)
+        deadline = time.monotonic() + request.budget_s
+        with VariantLoader(where.url, protocol=request.protocol, place=where.place, files=where.files, check_alive=where.check_alive) as loader:
+            bench = Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol)
+            run = _Run(result, options, request, search, loader, bench, where.check_alive, deadline, on_event)
             best = run.measure([first], "start")[0]
             if best.status != "measured":
-                search.reason = f"the in-process rules' config could not be measured in the local server: {best.reason}"
+                search.refused = request.url is not None and best.reason.startswith("Triton could not load it")
+                search.reason = f"the in-process rules' config could not be measured in {where.name}: {best.reason}"
                 return
+            if run.runtime == "model.py":  # a Python-based backend answered for the platform: not the native one
+                search.stand_in = True
+                search.served_by = search.served_by.replace("native backend", f"{STAND_IN_LABEL} (the server runs a model.py for "
+                                                            f"backend {artifact.platform.backend})", 1)
             run.bench = replace(bench, window_ms=bench.window_for(best.throughput))
             search.status = "searched"
             search.stopped = run.explore(space)
+            if request.url and run.gone:
+                raise ServerError(f"{run.gone}; every variant it had loaded was unloaded where it could be, nothing was published")
             run.base()
     search.chosen = run.best.point
     search.concurrency = run.best.concurrency
@@ -171,6 +168,80 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         v.differs = v.point.differences(search.chosen)
 
 
+@dataclass
+class _Where:
+    """The server the variants run on: its URL, how a private name gets its files, how to tell it is still there."""
+
+    name: str
+    url: str
+    check_alive: Callable[[], None]
+    place: Callable[[str, bool], None] | None = None
+    files: dict[str, bytes] | None = None
+    share: CoreShare | None = None
+
+
+@contextmanager
+def _local(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, text: str, extra: dict[str, bytes],
+           on_event: EventSink) -> Iterator[_Where | None]:
+    """The bundled tritonserver on a private repository of links to the artifact, pinned to the cores others leave free."""
+    from optimizer.triton.validation.target import ModelTarget, local_servability
+
+    artifact = result.selected_candidate.artifact
+    repo = request.workdir / "repository"
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir(parents=True)
+    home = prepare_home(find_triton(), homes_root(request.cache_dir))
+    reason = local_servability(ModelTarget(repo, options.name, parse(_locally(text))), home)
+    if reason:
+        search.reason = reason.replace("validate it", "serve it").split("; ")[0]
+        yield None
+        return
+    search.stand_in = artifact.platform.backend in home.stand_ins()
+    search.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{artifact.platform.backend}/model.py"
+                        if search.stand_in else "native backend")
+    share = None if Device.of(artifact.device).is_cuda else _free_cores(request, search, on_event)
+    files = model_files(result)
+
+    def place(name: str, with_files: bool) -> None:  # the private model folder: the artifact's files linked, the extra files written
+        version = repo / name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        if not with_files:  # an ensemble front: its version folder only
+            return
+        for target, source in files.items():
+            (version / target).unlink(missing_ok=True)
+            (version / target).symlink_to(source.resolve())
+        for rel, data in extra.items():
+            (repo / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name / rel).write_bytes(data)
+
+    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
+        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {server.http_url}"
+        yield _Where("the local server", server.http_url if request.protocol == "http" else server.grpc_url, server.check_alive, place=place,
+                     share=share)
+
+
+def _remote(result: TuneResult, request: SearchRequest, search: ServedSearch, extra: dict[str, bytes]) -> _Where:
+    """The user's server (--url): the model's files go in every load request, since it may not see this disk."""
+    from optimizer.triton.server import open_client
+
+    assert request.url is not None
+    files = {f"1/{target}": source.read_bytes() for target, source in model_files(result).items()}
+    files.update(extra)
+    search.server = f"Triton {request.server_version or '(version unknown)'} at {request.url} ({request.protocol}, --url)"
+    search.served_by = "native backend"  # unless the first variant's config says a model.py ran it (checked after it loads)
+    client = open_client(request.protocol, request.url, 10.0)
+
+    def check_alive() -> None:
+        try:
+            if client.is_server_live():
+                return
+        except Exception:
+            pass
+        raise ValidationError(f"the Triton at {request.url} stopped answering")
+
+    return _Where(f"the Triton at {request.url}", request.url, check_alive, files=files)
+
+
 class _Run:
     """One search's state: what was measured, the best so far, the time left, the next private name."""
 
@@ -179,10 +250,14 @@ class _Run:
         self.result, self.options, self.request, self.search = result, options, request, search
         self.loader, self.bench, self.check_alive, self.deadline, self.on_event = loader, bench, check_alive, deadline, on_event
         self.objective = request.objective
+        self.renamed = config_signature(result.selected_candidate.artifact)[1]
+        self.fronted = needs_front(self.renamed, options.io_names)  # measured through the ensemble clients will call
         self.seen: dict[OperatingPoint, ServedVariant] = {}
         self.best: ServedVariant | None = None
         self.costs: list[float] = []
         self.count = 0
+        self.runtime: str | None = None  # the first loaded variant's config `runtime` ("model.py": a Python-based backend)
+        self.gone = ""  # why the server stopped answering, when it did
 
     # -- the order ---------------------------------------------------------------------------------------------------
     def explore(self, space: SearchSpace) -> str:
@@ -195,6 +270,7 @@ class _Run:
         except _OutOfTime:
             return f"the time budget ({self.request.budget_s:.0f} s, --serve-search-seconds) ran out"
         except _ServerGone as err:
+            self.gone = str(err)
             return f"{err}; the best variant measured before stands"
         return "every variant of the coarse pass and the refinement was measured"
 
@@ -236,8 +312,10 @@ class _Run:
                 configs[name] = self._config(v.point)
             except (ConfigRuleError, TemplateError, PublishError) as err:
                 v.status, v.reason = "failed", f"the config is refused: {err}"
-        errors = self.loader.load(configs) if configs else {}
+        errors = self._load(configs)
         load_share = (time.monotonic() - t0) / max(1, len(configs))
+        if self.runtime is None and any(n not in errors for n in configs):
+            self.runtime = self.loader.runtime(next(n for n in configs if n not in errors))
         try:
             for name, v in variants.items():
                 v.seconds = round(load_share, 2)
@@ -247,8 +325,26 @@ class _Run:
                     self._sweep(name, v)
                 self._record(v)
         finally:
-            self.loader.unload(list(variants))
+            self._unload(list(variants))
         return list(variants.values())
+
+    def _load(self, configs: dict[str, str]) -> dict[str, str]:
+        """Load variants by their measured names: the model itself, or its positional model and then the ensemble in front."""
+        if not configs:
+            return {}
+        if not self.fronted:
+            return self.loader.load(configs)
+        errors = self.loader.load({inner_name(n): text for n, text in configs.items()})
+        fronts = {n: canonical(front_config(parse(text), n, inner_name(n), self.renamed)) for n, text in configs.items() if inner_name(n) not in errors}
+        errors = {n: errors[inner_name(n)] for n in configs if inner_name(n) in errors}
+        errors.update(self.loader.load(fronts, files={f"1/{VERSION_MARKER}": VERSION_MARKER_TEXT}) if fronts else {})
+        return errors
+
+    def _unload(self, names: list[str]) -> None:
+        """Unload variants (an ensemble before the model it serves)."""
+        self.loader.unload(names)
+        if self.fronted:
+            self.loader.unload([inner_name(n) for n in names])
 
     def _sweep(self, name: str, v: ServedVariant) -> None:
         from tritonclient.utils import InferenceServerException
@@ -284,7 +380,7 @@ class _Run:
         try:
             self.check_alive()
         except ValidationError as err:
-            raise _ServerGone(f"the tritonserver exited: {err}") from err
+            raise _ServerGone(f"the server stopped: {err}") from err
 
     # -- a close call ----------------------------------------------------------------------------------------------------
     def settle(self) -> None:
@@ -299,9 +395,9 @@ class _Run:
         if time.monotonic() + cost > self.deadline:
             raise _OutOfTime()
         names = {self._next_name(): a, self._next_name(): b}
-        errors = self.loader.load({n: self._config(v.point) for n, v in names.items()})
+        errors = self._load({n: self._config(v.point) for n, v in names.items()})
         if errors:
-            self.loader.unload(list(names))
+            self._unload(list(names))
             return
         window = 2 * self.bench.window_ms
         levels: dict[str, list[LoadLevel]] = {n: [] for n in names}
@@ -314,7 +410,7 @@ class _Run:
         except ValidationError:
             return
         finally:
-            self.loader.unload(list(names))
+            self._unload(list(names))
         pct = self.request.percentile
         means = {n: _mean_level(lv) for n, lv in levels.items()}
         (na, ma), (nb, mb) = means.items()
@@ -343,8 +439,8 @@ class _Run:
         if best is None or best.level(1) is not None or not self.costs or time.monotonic() + max(self.costs) > self.deadline:
             return
         name = self._next_name()
-        if self.loader.load({name: self._config(best.point)}):
-            self.loader.unload([name])
+        if self._load({name: self._config(best.point)}):
+            self._unload([name])
             return
         try:
             warm_up(self.bench, name, 1, WARMUP_PER_SLOT)
@@ -352,7 +448,7 @@ class _Run:
         except ValidationError:
             return
         finally:
-            self.loader.unload([name])
+            self._unload([name])
         base = ServedVariant(best.point, "base", curve=[one], reason="one request at a time: the anchor of validate's prediction below the loads the sweep measured")
         base.score_at(one)
         self.search.variants.append(base)
@@ -418,12 +514,13 @@ def _locally(text: str) -> str:
     return canonical(local_config(config)) if needs_translation(config) else text
 
 
-def request_mix(result: TuneResult, workdir: Path) -> tuple[Path, str, list[dict]]:
+def request_mix(result: TuneResult, workdir: Path, public_names: bool = False) -> tuple[Path, str, list[dict]]:
     """perf_analyzer's input: the rows in-process profiling timed (the user's first sample, else the generated
-    feed with every dynamic axis at its maximum), in the config's tensor names; and the same rows as batch-1 requests."""
+    feed with every dynamic axis at its maximum), in the config's tensor names (or, through an ensemble front, the
+    forward() names clients send); and the same rows as batch-1 requests."""
     feeds = load_feeds(Path(result.reference.profile_feed))
     sig, renamed = config_signature(result.selected_candidate.artifact)
-    back = {original: config_name for config_name, original in renamed.items()}
+    back = {} if public_names else {original: config_name for config_name, original in renamed.items()}
     feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in feeds]
     shapes = ", ".join(f"{k} {'x'.join(map(str, v.shape[1:] if sig.batching else v.shape)) or 'scalar'}" for k, v in feeds[0].items())
     path = write_input_data(workdir / "perf_analyzer_input.json", feeds, sig.batching)
