@@ -105,6 +105,13 @@ def _check_gpu(device: Device) -> None:
         raise SettingsError(f"--device {device}: {seen.reason.rstrip('.')}{where}; use --device cpu, or run on a machine with that GPU.")
 
 
+def check_settings(settings: ExportSettings) -> None:
+    """A fleet plan's model checked as its export will check it, before the fleet runs anything: every value and the repository's
+    form. What only the machine that runs the export can answer (its GPU, the bucket, its toolchain against the release) is left to it."""
+    plan_run(settings, publishing=False)
+    repository_argument(settings.repository)
+
+
 def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
     """Check every setting once and return the plan; `publishing=False` (inspect) skips the publish-side checks
     (and shows a release mismatch of an explicit --backend instead of refusing it)."""

@@ -20,7 +20,7 @@ from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton import config_rules
 from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
-from optimizer.triton.object_store.location import parse_location, store_url
+from optimizer.triton.object_store.location import check_scheme, parse_location, store_url
 from optimizer.triton.repository import (
     ModelFiles,
     Published,
@@ -78,8 +78,10 @@ def check_target(repository: Path | str, name: str, version: int | None, overwri
     check_store_target(parse_location(url), name, version, overwrite)
 
 
-def repository_argument(value: str | Path) -> Path | str:
-    """A --repository value as the publisher takes it: the s3:// URL as text (a Path would fold its '//'), else a Path."""
+def repository_argument(value: str | Path, what: str = "--repository") -> Path | str:
+    """A --repository value as the publisher takes it: the s3:// URL as text (a Path would fold its '//'), else a Path;
+    any other URL (ftp://, gs://, ...) is refused here, the one place a repository value is parsed."""
+    check_scheme(value, what)
     return store_url(value) or Path(value)
 
 
