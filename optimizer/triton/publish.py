@@ -18,7 +18,7 @@ from optimizer.errors import PublishError, TemplateError
 from optimizer.model.samples import load_feeds
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton import config_rules
+from optimizer.triton import rules
 from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
 from optimizer.triton.object_store.location import check_scheme, parse_location, store_url
 from optimizer.triton.repository import (
@@ -120,9 +120,9 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
     text = render(spec, options.template_dir)
     source = _template_source(spec.template, options.template_dir)
     config = parse(text, f"config.pbtxt rendered from {source}", options.template_dir)
-    facts = config_rules.facts_for(artifact, options.name, state.versions_after,
+    facts = rules.facts_for(artifact, options.name, state.versions_after,
                                    {name.split("/", 1)[1]: len(data) for name, data in files.items() if name.startswith("warmup/")})
-    config_rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
+    rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
     return canonical(config), files, spec
 
 
