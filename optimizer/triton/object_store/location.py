@@ -56,10 +56,10 @@ def check_scheme(value: str | PurePath, what: str = "--repository") -> None:
     if m is None or str(value).startswith(SCHEME):
         return
     scheme = m.group(1)
-    forms = "publish into a local folder (e.g. model_repository) or s3://BUCKET/PREFIX (s3://HOST:PORT/BUCKET/PREFIX for an S3-compatible endpoint)"
+    forms = "use a local folder (e.g. model_repository) or s3://BUCKET/PREFIX (s3://HOST:PORT/BUCKET/PREFIX for an S3-compatible endpoint)"
     if scheme in NOT_YET:
         raise SettingsError(f"{what} {str(value)!r}: {scheme}:// ({NOT_YET[scheme]}) repositories are not supported yet, although Triton reads "
-                            f"them; {forms} and copy it there.")
+                            f"them; {forms}, then copy the repository there yourself.")
     raise SettingsError(f"{what} {str(value)!r}: {scheme}:// is not a model repository Triton can read; {forms}.")
 
 
