@@ -205,10 +205,11 @@ def export_many(ctx: click.Context, plan: str, report_dir: str | None, index: in
     model is published or unchanged, 1 when one failed, 2 for a bad plan, 130 when interrupted.
     """
     from optimizer.app.export_many import export_many as run_many
+    from optimizer.app.plan import check_settings
     from optimizer.fleet.plan import load_plan
     from optimizer.fleet.progress import FleetProgress, outcome_line
 
-    checked = _run_guarded(lambda: load_plan(Path(plan), report_dir))
+    checked = _run_guarded(lambda: load_plan(Path(plan), report_dir, check_settings))
     count = 1 if index is not None else len(checked.models)
     with FleetProgress(count, ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
         fleet = _run_guarded(lambda: run_many(checked, index=index, force=force, on_start=progress.started, on_done=progress.finished))
@@ -344,7 +345,7 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
     if url and local:
         _fail(SettingsError("give either --url HOST:PORT (a running server) or --local (start one), not both."))
     with choose_progress(ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
-        record = _run_guarded(lambda: run_validate(repository_argument(repo), model, url=url, protocol=protocol, concurrency=concurrency,
+        record = _run_guarded(lambda: run_validate(repository_argument(repo, "REPO"), model, url=url, protocol=protocol, concurrency=concurrency,
                                                    report_dir=Path(report_dir) if report_dir else None, on_event=progress,
                                                    cache_dir=cache_dir))
     if as_json:

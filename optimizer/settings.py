@@ -87,7 +87,8 @@ class ExportSettings:
         try:
             value = int(self.max_batch_size)
         except ValueError:
-            raise SettingsError(f"--max-batch-size {self.max_batch_size!r} is not a number or 'auto'.") from None
+            raise SettingsError(f"--max-batch-size {self.max_batch_size!r} is not a number or 'auto'; give the largest batch to publish "
+                                f"(a whole number from 1 to {MAX_BATCH_SIZE_LIMIT}, e.g. 8) or auto to search it per candidate.") from None
         if not 1 <= value <= MAX_BATCH_SIZE_LIMIT:
             raise SettingsError(f"--max-batch-size {value} must be from 1 to {MAX_BATCH_SIZE_LIMIT} (Triton's int32), or 'auto'.")
         return value

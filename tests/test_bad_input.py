@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import shutil
+
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli, tree_snapshot
+from tests.conftest import FIXTURES, run_cli, tree_snapshot
 
 
 def _one_error(stderr: str) -> str:
@@ -117,3 +119,50 @@ def test_a_looser_tolerance_admits_a_candidate_and_is_recorded(in_tmp: Path):
 
     result = json.loads((in_tmp / "aitune-reports" / "differs_when_exported" / "report.json").read_text())["result"]
     assert result["selected"] == "onnxruntime[cpu]" and result["tolerances"] == {"": [10.0, 10.0]}
+
+
+def _everything_under(path: Path) -> list[str]:
+    """Every file and folder under path (tree_snapshot sees files only; a refused URL once left an empty folder 'ftp:')."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if ".cache" not in p.relative_to(path).parts)
+
+
+@pytest.mark.parametrize("command", ["export", "publish", "export-many"])
+def test_a_repository_url_triton_cannot_read_is_refused_by_every_command_that_publishes(command: str, in_tmp: Path):
+    """`--repository ftp://host/repo` once published into a local folder named 'ftp:' and exited 0."""
+    url = "ftp://host/repo"
+    shutil.copy(FIXTURES / "report_cnn.json", in_tmp / "report.json")
+    (in_tmp / "plan.toml").write_text(f'repository = "{url}"\n[models.cnn]\nmodel = "optimizer.examples.cnn:build"\n')
+    before = _everything_under(in_tmp)
+    args = {"export": ["export", "--repository", url], "publish": ["publish", "report.json", "--repository", url],
+            "export-many": ["export-many", "plan.toml"]}[command]
+    r = run_cli(*args, cwd=in_tmp)
+    assert r.returncode == 2, r.stderr
+    line = _one_error(r.stderr)
+    assert "'ftp://host/repo': ftp:// is not a model repository Triton can read" in line
+    assert "a local folder" in line and "s3://BUCKET/PREFIX" in line  # what is supported
+    assert _everything_under(in_tmp) == before, "nothing may be written, not even an empty folder"
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("gs://bucket/models", "gs:// (Google Cloud Storage) repositories are not supported yet"),
+    ("as://account/container/models", "as:// (Azure Storage) repositories are not supported yet"),
+    ("file:///srv/models", "file:// is not a model repository Triton can read"),
+    ("https://host/models", "https:// is not a model repository Triton can read"),
+    ("S3://bucket/models", "S3:// is not a model repository Triton can read"),  # Triton's scheme is lower-case
+])
+def test_other_schemes_are_refused_naming_what_is_supported(value: str, fragment: str):
+    from optimizer.errors import SettingsError
+    from optimizer.triton.publish import repository_argument
+
+    with pytest.raises(SettingsError) as err:
+        repository_argument(value)
+    assert fragment in str(err.value) and "s3://BUCKET/PREFIX" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_local_paths_and_s3_urls_still_pass():
+    from optimizer.triton.publish import repository_argument
+
+    assert repository_argument("model_repository") == Path("model_repository")
+    assert repository_argument("/srv/models:v2/repo") == Path("/srv/models:v2/repo")  # a colon inside a folder name is no scheme
+    assert repository_argument("s3://bucket/models") == "s3://bucket/models"
+    assert repository_argument(Path("s3://127.0.0.1:9000/bucket/models")) == "s3://127.0.0.1:9000/bucket/models"

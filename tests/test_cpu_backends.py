@@ -31,7 +31,7 @@ from optimizer.model.signature import Signature, parse_input_spec
 from optimizer.model.source import load_model
 from optimizer.records.artifact import Artifact
 from optimizer.task.correctness import DEFAULT_TOLERANCES, compare_outputs
-from optimizer.triton import config_rules
+from optimizer.triton import rules
 from optimizer.triton.model_config import canonical, parse
 from optimizer.tune_strategy import default_backends
 from tests.conftest import run_cli
@@ -124,23 +124,23 @@ parameters { key: "ENABLE_BATCH_PADDING" value { string_value: "YES" } }
         (("string_value: \"2\"", "string_value: \"two\""), "failed to convert INFERENCE_NUM_THREADS 'two' to integral number"),
     ],
 )
-def test_openvino_config_rules_quote_the_backend(change, message):
+def test_openvino_rules_quote_the_backend(change, message):
     config = parse(OV_CONFIG)
-    assert config_rules.violations(config, config_rules.ArtifactFacts(directory_name="m")) == []
+    assert rules.violations(config, rules.ArtifactFacts(directory_name="m")) == []
     bad = parse(OV_CONFIG.replace(*change))
-    found = [v.message for v in config_rules.violations(bad, config_rules.ArtifactFacts(directory_name="m"))]
+    found = [v.message for v in rules.violations(bad, rules.ArtifactFacts(directory_name="m"))]
     assert any(message in m for m in found), found
 
 
 def test_openvino_request_time_failures_are_warnings_and_outputs_may_come_from_model_xml():
     """Without batch padding the backend loads the model and fails requests of another batch size: a warning, not a
     refusal; and it fills inputs and outputs from model.xml, so a config without outputs loads."""
-    facts = config_rules.ArtifactFacts(directory_name="m")
+    facts = rules.ArtifactFacts(directory_name="m")
     unpadded = parse(OV_CONFIG.replace("ENABLE_BATCH_PADDING\" value { string_value: \"YES\"", "ENABLE_BATCH_PADDING\" value { string_value: \"NO\""))
-    assert config_rules.violations(unpadded, facts) == []
-    assert any("expected requests with batch size '4'" in w.message for w in config_rules.warnings(unpadded, facts))
+    assert rules.violations(unpadded, facts) == []
+    assert any("expected requests with batch size '4'" in w.message for w in rules.warnings(unpadded, facts))
     no_outputs = parse(OV_CONFIG.replace("output { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] }", ""))
-    assert config_rules.violations(no_outputs, facts) == []
+    assert rules.violations(no_outputs, facts) == []
 
 
 # -- one CLI run per model (the only AOTInductor compiles), and in-process OpenVINO builds ------------------
@@ -360,7 +360,7 @@ def test_api_publish_writes_a_config_triton_accepts(builds, backend, spec, tmp_p
     published = publish(_result_for(art, sig, tmp_path), PublishOptions(tmp_path / "repo", "m", io_names="positional"))
     version_dir = published.model_dir / "1"
     config = parse((published.model_dir / "config.pbtxt").read_text())
-    assert config_rules.violations(config, config_rules.ArtifactFacts(directory_name="m")) == []
+    assert rules.violations(config, rules.ArtifactFacts(directory_name="m")) == []
     if backend == "torch-aoti":  # the PyTorch backend addresses torch_aoti tensors by position
         assert [t.name for t in config.input] == [f"INPUT__{i}" for i in range(len(sig.inputs))]
         assert [t.name for t in config.output] == [f"OUTPUT__{i}" for i in range(len(sig.outputs))]

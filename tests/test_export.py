@@ -58,20 +58,18 @@ def test_bundled_example_end_to_end(in_tmp: Path):
     assert f"KServe InferenceService: {manifest}" in r.stdout and "--load-model=cnn" in (in_tmp / manifest).read_text()
     result = report["result"]
     search = report["published"]["served_search"]
-    if search["status"] == "searched":  # the served search decided the operating point; the in-process peak bounded it
-        assert config.max_batch_size == search["chosen"]["max_batch_size"] and config.instance_group[0].count == search["chosen"]["instances"]
-        assert search["variants"][0]["stage"] == "start" and search["stand_in"]
-    else:  # a platform the local server cannot serve (torch_aoti on 2.51): skipped with the reason, the rules stand
-        assert search["status"] == "skipped" and search["reason"]
-        assert config.max_batch_size == result["max_batch_size"]
+    # the served search decided the operating point (the in-process peak bounded it). The local server serves every CPU winner
+    # (torch_aoti through local_serving.py's translated copy), so it is never skipped here; this was checked only `if` searched.
+    assert search["status"] == "searched", search.get("reason")
+    assert config.max_batch_size == search["chosen"]["max_batch_size"] and config.instance_group[0].count == search["chosen"]["instances"]
+    assert search["variants"][0]["stage"] == "start" and search["stand_in"]
     names = {c["name"]: c for c in result["candidates"]}
     assert {"torchscript[cpu]", "onnxruntime[cpu]"} <= set(names)
     assert result["eager"]["status"] == "passed" and result["eager"]["decision"]["profiles"]
-    for cand in names.values():
-        assert cand["status"] in ("passed", "failed", "unavailable", "skipped")
-        if cand["status"] == "passed":
-            assert cand["correctness"]["passed"] and cand["decision"]["profiles"]
-            assert cand["correctness"]["max_abs"] < 1e-3
+    assert all(c["status"] in ("passed", "failed", "unavailable", "skipped") for c in names.values())
+    passed = [c for c in names.values() if c["status"] == "passed"]
+    assert names[result["selected"]] in passed  # every passed candidate agreed with eager and was measured
+    assert all(c["correctness"]["passed"] and c["decision"]["profiles"] and c["correctness"]["max_abs"] < 1e-3 for c in passed)
     platform_file = next(p.model_filename for p in PLATFORMS.values() if (p.platform or p.backend) == (config.platform or config.backend))
     published = model_dir / "1" / platform_file
     assert published.exists()

@@ -439,3 +439,43 @@ def test_ctrl_c_stops_the_ray_tasks_and_reports_the_rest(in_tmp: Path, ray_head:
     time.sleep(5)  # the cancelled worker's export got SIGTERM and stopped its candidates
     leftover = subprocess.run(["pgrep", "-f", "aitune-fleet-.*settings.toml"], check=False, capture_output=True, text=True).stdout.split()
     assert not leftover, leftover
+
+
+# -- every model's values are checked before the first model runs ------------------------------------------
+
+
+@pytest.mark.parametrize("line, fragments", [
+    ('max-batch-size = "lots"', ["--max-batch-size 'lots' is not a number or 'auto'", "auto to search it"]),
+    ('repository = "ftp://host/repo"', ["ftp:// is not a model repository Triton can read", "s3://BUCKET/PREFIX"]),
+    ('strategy = "fastest"', ["unknown strategy 'fastest'", "max-throughput"]),
+    ('backend = ["tensorflow"]', ["unknown backend(s) tensorflow", "choose from"]),
+    ('input = ["image:float32:abc"]', ["dimension 'abc' is not N or LOW-HIGH"]),
+    ('tolerance = ["tiny"]', ["is not [NAME=]ATOL[,RTOL]"]),
+    ('memory-budget = "lots"', ["--memory-budget 'lots' is not a size"]),
+    ('triton-release = "99.01"', ["--triton-release '99.01'", "choose one of"]),
+    ('workflow = "jit"', ["--workflow jit", "add --samples FILE.npz"]),
+])
+def test_a_bad_value_in_any_model_stops_the_plan_before_it_runs(tmp_path: Path, line: str, fragments: list[str]):
+    """Values the settings file takes as text are checked as the model's own export checks them (before loading it)."""
+    from optimizer.app.plan import check_settings
+
+    text = f'[models.cnn]\nmodel = "optimizer.examples.cnn:build"\n[models.encoder]\nmodel = "optimizer.examples.transformer:build"\n{line}\n'
+    load_plan(_plan(tmp_path, text.replace(line, "")), check=check_settings)  # the same plan without the line is fine
+    with pytest.raises(SettingsError) as err:
+        load_plan(_plan(tmp_path, text), check=check_settings)
+    message = str(err.value)
+    assert message.startswith(f"plan {str(tmp_path / 'plan.toml')!r}: model 'encoder': ") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_export_many_refuses_a_bad_value_in_the_second_model_before_the_first_runs(in_tmp: Path):
+    """It once ran the first model's export (minutes) and exited 1 at the end; now: exit 2 at once, nothing written."""
+    _plan(in_tmp, f'repository = "repo"\n{QUICK}\n[models.cnn]\nmodel = "optimizer.examples.cnn:build"\n'
+                  '[models.encoder]\nmodel = "optimizer.examples.transformer:build"\nmax-batch-size = "lots"\n')
+    r = run_cli("export-many", "plan.toml", cwd=in_tmp, timeout=120)
+    assert r.returncode == 2, r.stderr
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "model 'encoder'" in errors[0] and "--max-batch-size 'lots'" in errors[0] and "a whole number from 1 to" in errors[0]
+    assert sorted(p.name for p in in_tmp.iterdir() if p.name != ".cache") == ["plan.toml"]  # no report, no repository

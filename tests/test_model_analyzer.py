@@ -85,28 +85,30 @@ def test_the_yaml_states_its_search_and_everything_it_names_exists(in_tmp: Path)
         (served.max_batch_size, served.platform, list(served.input), list(served.instance_group))
     assert (base / "1").is_symlink() and (base / "1").resolve() == (published.model_dir / "1").resolve()
 
-    if _local_tritonserver():  # local launch mode: Model Analyzer starts the local server through a launcher
-        assert cfg["triton_launch_mode"] == "local"
-        endpoints = [cfg["triton_http_endpoint"], cfg["triton_grpc_endpoint"], cfg["triton_metrics_url"]]
-        assert all("127.0.0.1:" in e for e in endpoints) and len({e.split(":")[-1].split("/")[0] for e in endpoints}) == 3
-        server, pa = Path(cfg["triton_server_path"]), Path(cfg["perf_analyzer_path"])
-        for launcher in (server, pa):
-            assert launcher.is_file() and os.access(launcher, os.X_OK) and launcher.is_relative_to(cfg["export_path"])
-        assert "nvidia_pytriton.libs" in server.read_text() and "bin/tritonserver" in server.read_text()
-        assert "cuda_runtime" in pa.read_text() and "perf_analyzer" in pa.read_text()
-        assert Path(cfg["triton_server_flags"]["backend-directory"]).is_dir()
-        assert cfg["triton_server_flags"]["metrics-address"] == "127.0.0.1"
-        from optimizer.triton.perf_analyzer import (
-            find_perf_analyzer,
-            perf_analyzer_environment,
-        )
+    # local launch mode: Model Analyzer starts the local server through a launcher. The server and perf_analyzer are part of
+    # this environment (a machine without a server: test_without_a_local_tritonserver_...); this was checked only `if` found.
+    assert _local_tritonserver(), "tritonserver (nvidia-pytriton) is part of the project's environment: run make venv"
+    assert cfg["triton_launch_mode"] == "local"
+    endpoints = [cfg["triton_http_endpoint"], cfg["triton_grpc_endpoint"], cfg["triton_metrics_url"]]
+    assert all("127.0.0.1:" in e for e in endpoints) and len({e.split(":")[-1].split("/")[0] for e in endpoints}) == 3
+    server, pa = Path(cfg["triton_server_path"]), Path(cfg["perf_analyzer_path"])
+    for launcher in (server, pa):
+        assert launcher.is_file() and os.access(launcher, os.X_OK) and launcher.is_relative_to(cfg["export_path"])
+    assert "nvidia_pytriton.libs" in server.read_text() and "bin/tritonserver" in server.read_text()
+    assert "cuda_runtime" in pa.read_text() and "perf_analyzer" in pa.read_text()
+    assert Path(cfg["triton_server_flags"]["backend-directory"]).is_dir()
+    assert cfg["triton_server_flags"]["metrics-address"] == "127.0.0.1"
+    from optimizer.triton.perf_analyzer import (
+        find_perf_analyzer,
+        perf_analyzer_environment,
+    )
 
-        real = subprocess.run([str(find_perf_analyzer()), "--version"], check=False, capture_output=True, text=True, timeout=60,
-                              env=perf_analyzer_environment())
-        if "2.51" in real.stderr:  # where perf_analyzer runs at all (libb64: scripts/install_system_deps.sh)
-            bare = subprocess.run([str(pa), "--version"], check=False, capture_output=True, text=True, timeout=60,
-                                  env={"PATH": "/usr/bin:/bin"})
-            assert "2.51" in bare.stderr, bare.stdout + bare.stderr  # the launcher brings the CUDA runtime itself
+    real = subprocess.run([str(find_perf_analyzer()), "--version"], check=False, capture_output=True, text=True, timeout=60,
+                          env=perf_analyzer_environment())
+    assert "2.51" in real.stderr, real.stdout + real.stderr  # perf_analyzer runs here (libb64: scripts/install_system_deps.sh)
+    bare = subprocess.run([str(pa), "--version"], check=False, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert "2.51" in bare.stderr, bare.stdout + bare.stderr  # the launcher brings the CUDA runtime itself
 
 
 def test_model_analyzer_reads_the_yaml_and_the_flags_that_point_it_at_another_server(in_tmp: Path):

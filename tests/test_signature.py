@@ -89,14 +89,19 @@ def test_dtype_table_matches_torch_and_onnx():
     import onnx
     import torch
 
-    for dt in DTYPES.values():
-        assert getattr(torch, dt.torch_name) is not None
-        assert onnx.helper.tensor_dtype_to_np_dtype(dt.onnx_elem_type).name == ("float32" if dt.name == "bfloat16" else dt.name) or dt.name == "bfloat16"
+    for dt in DTYPES.values():  # (it checked `... or dt.name == "bfloat16"`, which passed for bfloat16 whatever the table said)
+        torch_dtype = getattr(torch, dt.torch_name)
+        assert isinstance(torch_dtype, torch.dtype) and torch.empty(0, dtype=torch_dtype).element_size() == dt.itemsize
+    bf16 = DTYPES["bfloat16"]  # numpy has no bfloat16: compare with ONNX and torch directly
+    assert bf16.onnx_elem_type == onnx.TensorProto.BFLOAT16 and getattr(torch, bf16.torch_name) is torch.bfloat16
+    for dt in (d for d in DTYPES.values() if d is not bf16):
+        assert onnx.helper.tensor_dtype_to_np_dtype(dt.onnx_elem_type) == np.dtype(dt.name)
+        assert torch.empty(0, dtype=getattr(torch, dt.torch_name)).numpy().dtype == np.dtype(dt.name)
 
 
 
 def test_every_triton_type_has_its_byte_size():
-    """config_rules sizes warmup files from this; TYPE_STRING has no fixed size."""
+    """the warmup rule (optimizer/triton/rules/warmup.py) sizes warmup files from this; TYPE_STRING has no fixed size."""
     import torch
     from tritonclient.grpc import model_config_pb2
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from optimizer.errors import ConfigRuleError, PublishError, TemplateError
-from optimizer.triton import config_rules
-from optimizer.triton.config_rules import RULES, ArtifactFacts, violations
+from optimizer.triton import rules
+from optimizer.triton.rules import RULES, ArtifactFacts, violations
 from optimizer.triton.model_config import (
     MAX_QUEUE_DELAY_US,
     MIN_QUEUE_DELAY_US,
@@ -77,7 +77,7 @@ def test_golden_config_per_platform(tmp_path: Path, platform: str):
         golden.write_text(text)
     assert text == golden.read_text(), f"rendered config differs from {golden} (AITUNE_UPDATE_GOLDEN=1 rewrites it after review)"
     assert canonical(parse(text)) == text  # canonical form is a fixed point
-    facts = config_rules.facts_for(result.selected_candidate.artifact, "m", (1,), {k.split("/", 1)[1]: len(v) for k, v in files.items()})
+    facts = rules.facts_for(result.selected_candidate.artifact, "m", (1,), {k.split("/", 1)[1]: len(v) for k, v in files.items()})
     assert violations(config, facts) == []
     # what the config says
     assert config.name == "m" and config.max_batch_size == 8
@@ -488,7 +488,7 @@ def test_each_rule_rejects_its_violation_in_tritons_words(base_configs, rule, ca
     found = violations(config, facts)
     assert [(v.rule, v.message) for v in found] == [(rule, words)]
     with pytest.raises(ConfigRuleError) as err:
-        config_rules.check(config, facts, "config.pbtxt of 'm'")
+        rules.check(config, facts, "config.pbtxt of 'm'")
     message = str(err.value)
     assert f'"{words}"' in message and "\n" not in message and f"rejected by {found[0].source}" in message
 
@@ -517,13 +517,13 @@ WARN_CASES: list[tuple[str, str, str, Callable[[Any], Any], ArtifactFacts, str]]
 def test_what_triton_loads_is_a_warning_never_a_refusal(base_configs, caplog, rule, case, platform, mutate, facts, words):
     config = type(base_configs[platform])()
     config.CopyFrom(base_configs[platform])
-    assert config_rules.warnings(config, facts) == []
+    assert rules.warnings(config, facts) == []
     mutate(config)
     assert violations(config, facts) == []
-    found = config_rules.warnings(config, facts)
+    found = rules.warnings(config, facts)
     assert [(v.rule, v.message) for v in found] == [(rule, words)] and found[0].when
-    with caplog.at_level(logging.WARNING, logger="optimizer.triton.config_rules"):
-        assert config_rules.check(config, facts, "config.pbtxt of 'm'") == found
+    with caplog.at_level(logging.WARNING, logger="optimizer.triton.rules.check"):
+        assert rules.check(config, facts, "config.pbtxt of 'm'") == found
     assert words in caplog.text and "config.pbtxt of 'm'" in caplog.text
 
 
@@ -553,7 +553,7 @@ def test_template_fields_used_correctly_pass(base_configs, case, platform, mutat
     config.CopyFrom(base_configs[platform])
     mutate(config)
     assert violations(config, facts) == []
-    assert [w.rule for w in config_rules.warnings(config, facts)] == (["model_metrics"] if case == "model_metrics" else [])
+    assert [w.rule for w in rules.warnings(config, facts)] == (["model_metrics"] if case == "model_metrics" else [])
 
 
 @pytest.mark.parametrize("graph, words", [
@@ -603,21 +603,21 @@ def test_gpu_count_comes_from_torch_or_nvidia_smi(monkeypatch, tmp_path: Path):
 
     fake_torch = types.SimpleNamespace(version=types.SimpleNamespace(cuda="12.4"), cuda=types.SimpleNamespace(device_count=lambda: 3))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    config_rules.local_gpu_count.cache_clear()
+    rules.local_gpu_count.cache_clear()
     try:
-        assert config_rules.local_gpu_count() == 3
+        assert rules.local_gpu_count() == 3
         fake_torch.version.cuda = None  # a CPU build of torch: ask nvidia-smi
         smi = tmp_path / "nvidia-smi"
         smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-b)'\n")
         smi.chmod(0o755)
         monkeypatch.setenv("PATH", str(tmp_path))
-        config_rules.local_gpu_count.cache_clear()
-        assert config_rules.local_gpu_count() == 2
+        rules.local_gpu_count.cache_clear()
+        assert rules.local_gpu_count() == 2
         monkeypatch.setenv("PATH", str(tmp_path / "none"))
-        config_rules.local_gpu_count.cache_clear()
-        assert config_rules.local_gpu_count() is None
+        rules.local_gpu_count.cache_clear()
+        assert rules.local_gpu_count() is None
     finally:
-        config_rules.local_gpu_count.cache_clear()
+        rules.local_gpu_count.cache_clear()
 
 
 def test_gpu_ids_are_counted_only_when_a_config_lists_gpus(base_configs):
@@ -628,7 +628,7 @@ def test_gpu_ids_are_counted_only_when_a_config_lists_gpus(base_configs):
     config.CopyFrom(base_configs["onnxruntime_onnx"])
     _gpu(config, 1)
     with pytest.raises(ConfigRuleError, match=r"gpu id 1\"; fix: this machine has 1 GPU\(s\) \(ids 0\.\.0\)"):
-        config_rules.check(config, facts)
+        rules.check(config, facts)
     assert asked
 
 
@@ -641,7 +641,7 @@ def test_rule_error_stops_publishing_before_anything_is_written(tmp_path: Path):
 
 def test_onnx_facts_come_from_the_graph(tmp_path: Path):
     result = make_result(tmp_path, "onnxruntime_onnx", inputs=(tensor("ids", "int64", "1-128"),))
-    facts = config_rules.facts_for(result.selected_candidate.artifact, "m")
+    facts = rules.facts_for(result.selected_candidate.artifact, "m")
     assert dict(facts.onnx_inputs) == {"ids": [-1, -1]} and dict(facts.onnx_outputs) == {"output__0": [-1, 10]}
 
 

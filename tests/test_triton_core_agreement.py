@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.triton.config_rules import CORE, violations
+from optimizer.triton.rules import CORE, violations
 from optimizer.triton.model_config import canonical
 from optimizer.triton.publish import PublishOptions, publish
 from tests.test_triton_config import CASES, FIXED, PLATFORMS, config_of, golden_result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,12 +17,12 @@ from optimizer.errors import SettingsError
 from optimizer.model.reference import resolve_signature
 from optimizer.model.source import load_model
 from optimizer.records.reference_set import ReferenceSet
-from optimizer.records.triton_releases import DEFAULT_RELEASE, FACT_STATUSES, RELEASES, Fact, release_named
+from optimizer.records.triton_releases import DEFAULT_RELEASE, FACT_STATUSES, RELEASES, Fact, release_named, version_tuple
 from optimizer.settings import ExportSettings, load_settings_file, settings_from
 from optimizer.task.context import TuneContext
 from optimizer.task.release_gate import ReleaseGate, Toolchain, local_toolchain
 from optimizer.tune_strategy import MaxThroughputStrategy
-from tests.conftest import run_cli, tree_snapshot
+from tests.conftest import ROOT, run_cli, tree_snapshot
 
 HERE = Toolchain(torch="2.13.0+cpu", openvino="2026.2.0", tensorrt=None, onnx_ir=10)
 """A toolchain that matches 26.07 wherever the table can tell (tests pass their own, not this machine's)."""
@@ -37,24 +38,61 @@ def _verdicts(gate: ReleaseGate, backend: str, **settings) -> dict[str, str]:
 
 # -- the table ----------------------------------------------------------------------------------------------
 
-def test_table_matches_the_reference_for_a_few_cells():
-    assert list(RELEASES)[0] == "24.10" and list(RELEASES)[-1] == "26.11" and len(RELEASES) == 26
-    r = RELEASES["24.10"]
-    assert (r.triton.value, r.onnxruntime.value, r.max_opset.value, r.openvino.value) == ("2.51.0", "1.19.2", 21, "2024.4.0")
-    assert r.torch.value == "2.5.0a0+e000cf0ad9" and r.torch.status == "confirmed" and "compatibility.md" in r.torch.source
-    assert r.tensorrt.value is None and r.tensorrt.status == "unconfirmed"
-    assert r.torch_aoti.supported.value is False and r.pytorch_libtorch.supported.value is True
-    assert RELEASES["24.12"].tensorrt.value == "10.7.0.23" and "RN24.12" in RELEASES["24.12"].tensorrt.source
-    assert RELEASES["25.07"].triton.value == "2.59.1"
-    aoti = RELEASES["26.03"].torch_aoti
-    assert aoti.supported.value is True and aoti.status == "Beta" and aoti.batching.value is False and "TorchScript" in aoti.io_naming
-    assert "INPUT__<i>" in RELEASES["26.05"].torch_aoti.io_naming and RELEASES["26.05"].torch.value is None
-    r = RELEASES["26.07"]
-    assert r.torch.value == "2.13.0a0+9186a08b2c" and r.torch.status == "secondary"
-    assert (r.onnxruntime.value, r.max_opset.value, r.openvino.value) == ("1.27.0", 25, "2026.2.0")
-    assert r.torch_aoti.batching.value is True and "2.71.0" in r.torch_aoti.batching.source
-    assert RELEASES["26.08"].max_opset.value == 26 and RELEASES["26.08"].openvino.value == "2026.3.0"
-    assert RELEASES["26.11"].onnxruntime.value is None and RELEASES["26.11"].triton.value == "2.75.0"
+VERSIONED = ("triton", "tensorrt", "onnxruntime", "max_opset", "max_ir", "openvino", "cuda", "python", "torch")
+"""Row fields whose known values may only stay or rise from one release to the next."""
+
+
+def _month(release: str) -> int:
+    year, month = release.split(".")
+    return int(year) * 12 + int(month)
+
+
+def _version(value: object) -> tuple[int, ...]:
+    return (int(value),) if isinstance(value, int) else version_tuple(str(value))
+
+
+def test_releases_are_the_monthly_rows_in_order():
+    """Invariants, not the table's values: a typo made in the table and in a test that copies it would pass both."""
+    releases = list(RELEASES)
+    assert all(re.fullmatch(r"\d\d\.(0[1-9]|1[0-2])", r) for r in releases), releases
+    months = [_month(r) for r in releases]
+    assert months == list(range(months[0], months[0] + len(months)))  # in order, one a month, none missing
+    assert all(RELEASES[r].release == r for r in releases)
+
+
+@pytest.mark.parametrize("field", VERSIONED)
+def test_versions_only_move_forward(field: str):
+    """A later release never ships an older server, runtime, opset or CUDA than an earlier one (compared to the precision both
+    give: "11" after "11.0.0.114" is the same major); the server's version rises every release."""
+    known = [(r.release, _version(getattr(r, field).value)) for r in RELEASES.values() if getattr(r, field).known]
+    assert len(known) >= 2, field
+    for (before, a), (after, b) in zip(known, known[1:]):
+        n = min(len(a), len(b))
+        assert b[:n] >= a[:n], f"{field}: {after} ships {b}, older than {before}'s {a}"
+        if field == "triton":
+            assert b > a, f"{after} has the server version of {before}"
+
+
+def test_platforms_once_served_stay_served_and_unsupported_means_no_batching():
+    for key in ("pytorch_libtorch", "torch_aoti"):
+        states = [RELEASES[r].platform(key).supported.value for r in RELEASES]
+        first = states.index(True)
+        assert False not in states[first:], f"{key} disappears after {list(RELEASES)[first]} with no source saying so"
+        assert all(r.platform(key).status in ("", "Beta", "unconfirmed") for r in RELEASES.values())
+    lacking = [(r.release, r.torch_aoti) for r in RELEASES.values() if r.torch_aoti.supported.value is False]
+    assert lacking  # torch_aoti came late: a platform the release lacks serves no batch and binds no names
+    assert all(p.batching.value is False and p.io_naming == "" for _, p in lacking), lacking
+
+
+def test_the_server_here_and_the_torch_here_are_rows_of_the_table():
+    """Two facts from outside the table: the tritonserver the tests run (tritonclient's version, the one nvidia-pytriton
+    bundles) is some release's server, and the default release's PyTorch backend has the torch minor this project pins."""
+    import importlib.metadata
+
+    here = importlib.metadata.version("tritonclient")
+    assert here in {r.triton.value for r in RELEASES.values()}
+    pinned = re.search(r"torch==(\d+\.\d+)", (ROOT / "scripts" / "bootstrap.sh").read_text())
+    assert pinned and version_tuple(RELEASES[DEFAULT_RELEASE].torch.value)[:2] == version_tuple(pinned.group(1))
 
 
 def test_every_fact_has_a_source_and_unconfirmed_means_no_value():
@@ -99,7 +137,7 @@ def test_torch_for_pt2_compares_major_minor_and_names_the_docker_stage():
     ok = next(c for c in _gate("26.07").checks(backend_named("torch-aoti")) if c.fact == "torch")
     assert ok.verdict == "ok" and "not the same build" in ok.note
     bad = _gate("26.08").refusal(backend_named("torch-aoti"))
-    assert bad.verdict == "mismatch" and "2.13.0+cpu" in bad.problem and "2.14.0a0+4fdf77b940" in bad.problem
+    assert bad.verdict == "mismatch" and HERE.torch in bad.problem and RELEASES["26.08"].torch.value in bad.problem
     assert "--build-arg RELEASE=26.08" in bad.fix and "pip install 'torch==2.14.*'" in bad.fix and "--triton-release 26.07" in bad.fix
     ngc = _gate("26.08", replace(HERE, torch="2.14.0a0+deadbeef", ngc_release="26.08"))  # inside NGC PyTorch 26.08
     assert _verdicts(ngc, "torch-aoti")["torch"] == "ok"
@@ -123,17 +161,19 @@ def test_onnx_opset_and_ir_version():
 def test_openvino_ir_must_not_be_newer_than_the_release():
     assert _gate("26.07").refusal(backend_named("openvino")) is None
     newer = _gate("26.07", replace(HERE, openvino="2026.4.1")).refusal(backend_named("openvino"))
-    assert "OpenVINO 2026.4.1 here" in newer.problem and "OpenVINO 2026.2.0" in newer.problem
-    assert "pip install 'openvino==2026.2.0'" in newer.fix
+    release = RELEASES["26.07"].openvino.value
+    assert "OpenVINO 2026.4.1 here" in newer.problem and f"OpenVINO {release}" in newer.problem
+    assert f"pip install 'openvino=={release}'" in newer.fix
     older = next(iter(_gate("26.08").checks(backend_named("openvino"))))
     assert older.verdict == "ok" and "older IR" in older.note
 
 
 def test_tensorrt_major_minor_and_not_installed():
     assert _verdicts(_gate("24.12"), "tensorrt") == {"tensorrt": "unchecked"}  # not installed: the candidate is unavailable anyway
-    assert _gate("24.12", replace(HERE, tensorrt="10.7.0.23")).refusal(backend_named("tensorrt")) is None
+    shipped = RELEASES["24.12"].tensorrt.value
+    assert _gate("24.12", replace(HERE, tensorrt=shipped)).refusal(backend_named("tensorrt")) is None
     bad = _gate("24.12", replace(HERE, tensorrt="10.8.0.43")).refusal(backend_named("tensorrt"))
-    assert bad.verdict == "mismatch" and "TensorRT 10.8.0.43 here" in bad.problem and "TensorRT 10.7.0.23" in bad.problem
+    assert bad.verdict == "mismatch" and "TensorRT 10.8.0.43 here" in bad.problem and f"TensorRT {shipped}" in bad.problem
     assert "pip install 'tensorrt==10.7.*'" in bad.fix
     assert _verdicts(_gate("26.07", replace(HERE, tensorrt="11.1.0")), "tensorrt") == {"tensorrt": "unknown"}  # only "11" is known
     assert _verdicts(_gate("26.07", replace(HERE, tensorrt="10.16.1")), "tensorrt") == {"tensorrt": "mismatch"}
@@ -153,7 +193,7 @@ def test_an_explicit_backend_the_release_cannot_load_is_refused_in_one_line(in_t
         pytest.skip("the local torch is the one Triton 26.08 links")
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "torch-aoti", "--triton-release", "26.08", cwd=in_tmp)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert here in r.stderr and "2.14.0a0+4fdf77b940" in r.stderr and "--build-arg RELEASE=26.08" in r.stderr
+    assert here in r.stderr and RELEASES["26.08"].torch.value in r.stderr and "--build-arg RELEASE=26.08" in r.stderr
     assert "--allow-version-mismatch" in r.stderr
     assert tree_snapshot(in_tmp) == {}  # refused before anything was built or written
     with pytest.raises(SettingsError, match="has no torch_aoti platform"):  # a platform the release lacks is never allowed

@@ -27,7 +27,7 @@ from optimizer.task.cache import ArtifactCache
 from optimizer.task.context import TuneContext
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
-from optimizer.triton.publish import PublishOptions, check_target, publish, repository_argument
+from optimizer.triton.publish import PublishOptions, check_target, publish
 from optimizer.triton.repository import Published, check_model_name, outside_repository
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     model = _load(settings, module, example_inputs)
     name = settings.name if settings.name is not None else model.name
     check_model_name(name)
-    check_target(repository_argument(settings.repository), name, settings.version, settings.overwrite, settings.io_names)
+    check_target(plan.repository, name, settings.version, settings.overwrite, settings.io_names)
     report_dir = report_dir_for(settings, name)
     on_event(Event("load", "done", message=f"{model.name} ({model.format})", elapsed_s=time.perf_counter() - t0))
 
@@ -116,7 +116,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         raise NoCandidateError(_no_candidate_message(result, report_path))
 
     # 5. serve search, publish, then report
-    options = PublishOptions(repository_argument(settings.repository), name, settings.version, settings.overwrite, settings.warmup,
+    options = PublishOptions(plan.repository, name, settings.version, settings.overwrite, settings.warmup,
                              Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
                              cache_dir=plan.cache_root, io_names=settings.io_names)
     try:
@@ -139,7 +139,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
         from optimizer.triton.validation import validate
 
-        validation = validate(repository_argument(settings.repository), name, concurrency=settings.validate_concurrency, report_dir=report_dir,
+        validation = validate(plan.repository, name, concurrency=settings.validate_concurrency, report_dir=report_dir,
                               on_event=on_event, cache_dir=plan.cache_root)
         write_report_files(report_path)  # again, now with the validation section
     return ExportOutcome(result, published, report_path, validation)

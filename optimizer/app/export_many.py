@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from optimizer.app.plan import check_settings
 from optimizer.errors import CheckFailed, Interrupted
 from optimizer.fleet.executors import Executor, ExecutorRun, LocalExecutor, executor_for
 from optimizer.fleet.fleet_report import fleet_record, read_previous, write_fleet_report
@@ -83,7 +84,7 @@ def export_many(plan: FleetPlan | Path, *, report_dir: str | None = None, index:
         SettingsError: the plan is malformed (nothing runs). A failed model is an outcome, not an exception.
     """
     if not isinstance(plan, FleetPlan):
-        plan = load_plan(Path(plan), report_dir)
+        plan = load_plan(Path(plan), report_dir, check_settings)
     cwd = Path.cwd()
     entries = [plan.entry(index)] if index is not None else list(plan.models)
     suffix = f"-{index}" if index is not None else ""

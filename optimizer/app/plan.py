@@ -40,6 +40,7 @@ class RunPlan:
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     cache_root: Path = field(default_factory=cache_root)
     release_gate: ReleaseGate | None = None  # --triton-release against this machine's toolchain
+    repository: Path | str = Path("model_repository")  # --repository parsed once: a folder, or the s3:// URL as text
     server: Any = None  # triton.remote.ServerFacts of --url (None: the served search runs on the bundled server)
 
 
@@ -106,6 +107,12 @@ def _check_gpu(device: Device) -> None:
         raise SettingsError(f"--device {device}: {seen.reason.rstrip('.')}{where}; use --device cpu, or run on a machine with that GPU.")
 
 
+def check_settings(settings: ExportSettings) -> None:
+    """A fleet plan's model checked as its export will check it, before the fleet runs anything: every value, the repository's form
+    included. What only the machine that runs the export can answer (its GPU, the bucket, its toolchain against the release) is left to it."""
+    plan_run(settings, publishing=False)
+
+
 def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
     """Check every setting once and return the plan; `publishing=False` (inspect) skips the publish-side checks
     (and shows a release mismatch of an explicit --backend instead of refusing it)."""
@@ -121,6 +128,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         tolerances=parse_tolerances(settings.tolerance),
         cache_root=cache_root(settings.cache_dir),
         release_gate=gate,
+        repository=repository_argument(settings.repository),
     )
     check_precision(settings.precision, plan.device)
     settings.check_serving()
@@ -135,7 +143,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         _check_gpu(plan.device)
     if settings.name is not None:
         check_model_name(settings.name)
-    check_options(PublishOptions(repository_argument(settings.repository), settings.name or "model"))
+    check_options(PublishOptions(plan.repository, settings.name or "model"))
     if settings.template_dir and not Path(settings.template_dir).is_dir():
         raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
     if settings.url and settings.serve_search == "on":  # the user's server: reachable and loading on request, before any tuning

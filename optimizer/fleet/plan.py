@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from optimizer.errors import PublishError, SettingsError
+from optimizer.errors import PublishError, SettingsError, UsageError
 from optimizer.settings import ExportSettings, read_toml, settings_from, settings_values
 from optimizer.triton.repository import check_model_name
 from optimizer.vocab import Device
@@ -74,8 +74,12 @@ class FleetPlan:
         return self.models[index]
 
 
-def load_plan(path: Path, report_dir: str | None = None) -> FleetPlan:
-    """Read and check PLAN; `report_dir` (--report-dir) overrides the plan's report-dir. Raises SettingsError in one line."""
+def load_plan(path: Path, report_dir: str | None = None, check: Callable[[ExportSettings], None] | None = None) -> FleetPlan:
+    """Read and check PLAN; `report_dir` (--report-dir) overrides the plan's report-dir. Raises SettingsError in one line.
+
+    `check` is called with every model's settings (app/plan.py's check_settings: what an export checks before it loads its
+    model), so a bad value in the tenth model's table stops the plan before the first model runs.
+    """
     where = str(path)
     data = read_toml(path, f"plan {where!r}", "give the TOML file that names the models ([models.NAME] tables).")
     executor = data.get("executor", "local")
@@ -101,12 +105,13 @@ def load_plan(path: Path, report_dir: str | None = None) -> FleetPlan:
                             "model = \"optimizer.examples.cnn:build\".")
     models = []
     for index, (key, table) in enumerate(tables.items()):
-        models.append(_planned_model(key, table, index, common, fleet_dir, where))
+        models.append(_planned_model(key, table, index, common, fleet_dir, where, check))
     _check_unique(models, where)
     return FleetPlan(path, executor, address, fleet_dir, tuple(models), image)
 
 
-def _planned_model(key: str, table: Any, index: int, common: dict[str, Any], fleet_dir: Path, where: str) -> PlannedModel:
+def _planned_model(key: str, table: Any, index: int, common: dict[str, Any], fleet_dir: Path, where: str,
+                   check: Callable[[ExportSettings], None] | None) -> PlannedModel:
     """One [models.KEY] table over the plan's defaults; its report folder defaults to <fleet report dir>/<name>."""
     label = f"model {key!r}"
     if not isinstance(table, dict):
@@ -125,7 +130,9 @@ def _planned_model(key: str, table: Any, index: int, common: dict[str, Any], fle
     try:
         settings = settings_from(values)
         Device.parse(settings.device)
-    except (SettingsError, TypeError, ValueError) as err:
+        if check is not None:
+            check(settings)
+    except (UsageError, TypeError, ValueError) as err:
         raise SettingsError(f"plan {where!r}: {label}: {err}") from err
     return PlannedModel(key, index, settings)
 

@@ -3,18 +3,26 @@
 Candidates are measured one after another, minutes apart, so background load that comes and goes can
 put any of them ahead. The leader and every candidate within CLOSE_MARGIN of it are loaded into one
 fresh process and timed alternately at their own peak batch, in short rounds (the order flips every
-round). Each round gives a throughput ratio against the leader taken under the same load; their
-geometric mean and a 95% confidence interval decide. When the interval straddles 1 it is a tie, and
-the tie rule decides: TIE_ORDER, a documented preference for what is cheaper to load and serve.
+round). Each round gives throughput ratios taken under the same load.
+
+Speed decides: the contender with the highest median per-round ratio is the faster one and is kept, also
+inside a tie (an interval that includes 1). A slower contender is published instead only for a stated
+reason the report shows (PREFERENCES: a backend that is cheaper to load and serve), and only when the
+paired rounds show it within PREFERENCE_MARGIN of the faster one: its median ratio and the low end of its
+95% interval both at least 0.95. An interval that straddles that bound is too wide to tell: the child
+measures more rounds, up to MAX_ROUNDS; still too wide there, the faster one is kept. The order of
+PREFERENCES never decides on its own.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from optimizer.records.candidate import Candidate
@@ -24,12 +32,23 @@ log = logging.getLogger(__name__)
 CLOSE_MARGIN = 0.25
 """Candidates whose measured throughput is within 25% of the leader's are re-measured against it."""
 ROUNDS = 6
+MAX_ROUNDS = 18
+"""A wide interval means more rounds (two at a time, so the order stays balanced), at most this many in all."""
 WINDOW_S = 0.3
-TIE_ORDER = ("tensorrt", "onnxruntime-trt", "onnxruntime", "openvino", "torchscript", "torch-aoti")
-"""The tie rule, earlier first: ONNX-based runtimes load in a fraction of a second and keep torch out of the server;
-OpenVINO next; TorchScript before torch_aoti, which Triton calls Beta and which needs the server's libtorch to match
-the torch that compiled it."""
-_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+PREFERENCE_MARGIN = 0.05
+"""A preferred contender may be published over a faster one only when the paired rounds show it at most 5% slower."""
+PREFERENCES = MappingProxyType({
+    "tensorrt": "Triton's TensorRT backend runs the engine natively, without torch in the server",
+    "onnxruntime-trt": "Triton's ONNX Runtime backend loads it in a fraction of a second and keeps torch out of the server",
+    "onnxruntime": "Triton's ONNX Runtime backend loads it in a fraction of a second and keeps torch out of the server",
+    "openvino": "Triton's OpenVINO backend serves it without torch in the server",
+    "torchscript": "pytorch_libtorch is a released platform of the PyTorch backend, while torch_aoti is Beta or unconfirmed in "
+                   "Triton's sources and needs the server's libtorch to match the torch that compiled it",
+})
+"""Backend -> why it is preferred over every backend after it (earlier first; torch-aoti has no reason to be preferred).
+The reason is quoted in the selection reason whenever it decides."""
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16,
+         14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11}
 """Student's t at 97.5% by degrees of freedom (a 95% two-sided interval); 1.96 beyond."""
 
 
@@ -42,12 +61,28 @@ class PairedComparison:
     rounds: dict[str, list[float]] = field(default_factory=dict)
     ratios: dict[str, list[float]] = field(default_factory=dict)  # challenger -> [geometric mean, ci low, ci high] against the leader
     winner: str = ""
-    verdict: str = ""  # "leader", "challenger" or "tie"
+    verdict: str = ""  # "leader", "challenger" (the faster one is kept) or "preferred" (a stated reason, within 5%)
     summary: str = ""
     seconds: float = 0.0
+    fastest: str = ""  # the contender with the highest median ratio
+    preference: dict[str, Any] = field(default_factory=dict)  # the preferred contender weighed against the fastest, when there was one
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Against:
+    """One contender's paired rounds against another's: median and geometric mean of the per-round ratios, 95% interval."""
+
+    median: float
+    mean: float
+    low: float
+    high: float
+    rounds: int
+
+    def shown(self) -> str:
+        return f"{self.median:.3f}x (median of {self.rounds} paired rounds; 95% interval [{self.low:.3f}, {self.high:.3f}])"
 
 
 def close_contenders(passed: list[Candidate], leader: Candidate) -> list[Candidate]:
@@ -68,34 +103,89 @@ def ratio_interval(challenger: list[float], leader: list[float]) -> tuple[float,
     return math.exp(mean), math.exp(mean - half) if math.isfinite(half) else 0.0, math.exp(mean + half) if math.isfinite(half) else float("inf")
 
 
+def against(rounds: dict[str, list[float]], name: str, other: str) -> Against:
+    """`name`'s rounds against `other`'s, round by round (both were timed in the same rounds)."""
+    ratios = [a / b for a, b in zip(rounds[name], rounds[other]) if a > 0 and b > 0]
+    mean, low, high = ratio_interval(rounds[name], rounds[other])
+    return Against(statistics.median(ratios) if ratios else 0.0, mean, low, high, len(ratios))
+
+
+def fastest_of(rounds: dict[str, list[float]], leader: str) -> str:
+    """The contender with the highest median per-round ratio against the leader (the leader on an exact tie)."""
+    return max(rounds, key=lambda n: (1.0 if n == leader else against(rounds, n, leader).median, n == leader))
+
+
+def _rank(backend: str) -> int:
+    order = list(PREFERENCES)
+    return order.index(backend) if backend in PREFERENCES else len(order)
+
+
+def _preferred(rounds: dict[str, list[float]], fastest: str, backends: dict[str, str]) -> list[str]:
+    """Contenders preferred over the fastest for a stated reason, best reason first."""
+    mine = _rank(backends.get(fastest, ""))
+    named = [n for n in rounds if n != fastest and _rank(backends.get(n, "")) < mine]
+    return sorted(named, key=lambda n: (_rank(backends.get(n, "")), list(rounds).index(n)))
+
+
+def _standing(a: Against) -> str:
+    """Whether the rounds show a contender within PREFERENCE_MARGIN of the fastest: "within", "slower" or "unclear"."""
+    bound = 1.0 - PREFERENCE_MARGIN
+    if a.median >= bound and a.low >= bound:
+        return "within"
+    if a.high < bound or (a.median < bound and a.rounds >= MAX_ROUNDS):
+        return "slower"
+    return "unclear"
+
+
+def needs_more_rounds(rounds: dict[str, list[float]], leader: str, backends: dict[str, str]) -> bool:
+    """True while a preferred contender's interval against the fastest straddles the 5% bound (and rounds are left)."""
+    if not rounds or len(rounds[leader]) >= MAX_ROUNDS:
+        return False
+    fastest = fastest_of(rounds, leader)
+    for name in _preferred(rounds, fastest, backends):
+        standing = _standing(against(rounds, name, fastest))
+        if standing == "within":
+            return False  # the best-ranked one that qualifies decides; lower-ranked ones do not matter
+        if standing == "unclear":
+            return True
+    return False
+
+
 def decide(comparison: PairedComparison, backends: dict[str, str]) -> PairedComparison:
-    """Fill in the verdict: a challenger whose interval lies above 1 wins (the largest ratio); else those whose
-    interval straddles 1 tie with the leader and TIE_ORDER picks among them."""
-    leader = comparison.leader
-    above, tied = [], [leader]
-    for name, rounds in comparison.rounds.items():
-        if name == leader:
-            continue
-        ratio, low, high = ratio_interval(rounds, comparison.rounds[leader])
-        comparison.ratios[name] = [round(ratio, 4), round(low, 4), round(high, 4)]
-        if low > 1.0:
-            above.append((ratio, name))
-        elif high >= 1.0:
-            tied.append(name)
+    """Fill in the verdict: the fastest contender (highest median per-round ratio) is kept, unless a contender preferred
+    for a stated reason is shown within 5% of it; `backends` maps contender names to backend names."""
+    leader, rounds = comparison.leader, comparison.rounds
+    for name in rounds:
+        if name != leader:
+            ratio, low, high = ratio_interval(rounds[name], rounds[leader])
+            comparison.ratios[name] = [round(ratio, 4), round(low, 4), round(high, 4)]
     parts = [f"{n} {r[0]:.2f}x [{r[1]:.2f}, {r[2]:.2f}]" for n, r in comparison.ratios.items()]
-    measured = f"paired re-measurement ({len(comparison.rounds[leader])} interleaved rounds; against {leader}: {', '.join(parts)})"
-    if above:
-        comparison.winner, comparison.verdict = max(above)[1], "challenger"
-        comparison.summary = f"{comparison.winner} is faster than {leader} in a {measured}"
-    elif len(tied) > 1:
-        rank = {b: i for i, b in enumerate(TIE_ORDER)}
-        comparison.winner = min(tied, key=lambda n: (rank.get(backends.get(n, ""), len(rank)), tied.index(n)))
-        comparison.verdict = "tie"
-        comparison.summary = (f"{', '.join(tied)} tie in a {measured}: the interval includes 1, so the tie rule decides "
-                              f"({comparison.winner}: the cheaper one to load and serve)")
+    n_rounds = len(rounds[leader])
+    measured = f"paired re-measurement ({n_rounds} interleaved rounds; against {leader}: {', '.join(parts)})"
+    fastest = comparison.fastest = fastest_of(rounds, leader)
+    comparison.winner, comparison.verdict = fastest, "leader" if fastest == leader else "challenger"
+    if fastest == leader:
+        comparison.summary = f"{leader} stays the fastest in a {measured}"
     else:
-        comparison.winner, comparison.verdict = leader, "leader"
-        comparison.summary = f"{leader} stays ahead in a {measured}"
+        low = comparison.ratios[fastest][1]
+        tie = " (its interval includes 1; the faster one is kept)" if low <= 1.0 else ""
+        comparison.summary = f"{fastest} is faster than {leader} in a {measured}{tie}"
+    passed_over = []
+    for name in _preferred(rounds, fastest, backends):
+        a = against(rounds, name, fastest)
+        standing = _standing(a)
+        reason = PREFERENCES[backends[name]]
+        comparison.preference = {"candidate": name, "reason": reason, "against": fastest, "median": round(a.median, 4),
+                                 "interval": [round(a.low, 4), round(a.high, 4)], "rounds": a.rounds, "standing": standing}
+        if standing == "within":
+            comparison.winner, comparison.verdict = name, "preferred"
+            comparison.summary = (f"{name} is published although {fastest} measured faster: it runs at {a.shown()} of {fastest}'s speed, "
+                                  f"within {PREFERENCE_MARGIN:.0%}, and {reason}; in a {measured}")
+            return comparison
+        passed_over.append(f"the preference for {name} ({reason}) does not apply: it runs at {a.shown()} of {fastest}'s speed, "
+                           + ("more than 5% slower" if standing == "slower" else f"not shown within 5% in {a.rounds} rounds"))
+    if passed_over:
+        comparison.summary += "; " + "; ".join(passed_over)
     return comparison
 
 
@@ -122,10 +212,20 @@ def compare_candidates(payload: dict[str, Any]) -> dict[str, Any]:
                 runners[c.name].infer(feeds[c.name])
         rounds: dict[str, list[float]] = {c.name: [] for c in cands}
         order = [c.name for c in cands]
-        for r in range(int(payload.get("rounds", ROUNDS))):
+        names = {c.name: c.backend for c in cands}
+        window_s = float(payload.get("window_s", WINDOW_S))
+
+        def one_round(r: int) -> None:
             for name in order if r % 2 == 0 else list(reversed(order)):
-                rounds[name].append(_window(runners[name], feeds[name], batches[name] if signature.batching else 1,
-                                            float(payload.get("window_s", WINDOW_S))))
+                rounds[name].append(_window(runners[name], feeds[name], batches[name] if signature.batching else 1, window_s))
+
+        planned = int(payload.get("rounds", ROUNDS))
+        for r in range(planned):
+            one_round(r)
+        while needs_more_rounds(rounds, order[0], names):  # a wide interval: two more rounds (one each way), bounded by MAX_ROUNDS
+            one_round(planned)
+            one_round(planned + 1)
+            planned += 2
         return {"rounds": rounds}
     finally:
         for runner in runners.values():

@@ -1,7 +1,7 @@
 """config.pbtxt: a ConfigSpec (plain data) rendered by the platform's Jinja2 template, parsed into
 Triton's real schema (`tritonclient.grpc.model_config_pb2.ModelConfig`, plus the top-level fields newer
 Triton releases define that its 2.51 proto lacks: NEWER_FIELDS), checked against Triton's
-load-time rules (config_rules.py) and written in canonical text form. Nothing is written when any
+load-time rules (rules/) and written in canonical text form. Nothing is written when any
 of that fails.
 
 What the spec takes from a backend's `Artifact.triton_settings` (all keys optional):
@@ -15,7 +15,7 @@ What the spec takes from a backend's `Artifact.triton_settings` (all keys option
 and from `Artifact.metadata`: `engine_max_batch` (TensorRT: the largest batch every profile accepts).
 
 Over 400 lines because the spec, its rendering and its canonical parse are one round trip that must
-agree field by field; the rules it is checked against live apart, in config_rules.py.
+agree field by field; the rules it is checked against live apart, in rules/.
 """
 
 from __future__ import annotations
@@ -424,7 +424,7 @@ NEWER_FIELDS = ("model_metrics",)
 """Top-level ModelConfig fields newer Triton releases define that the proto bundled in tritonclient 2.51 lacks.
 `model_config_class` adds them (same names and numbers as triton-inference-server/common's model_config.proto),
 so a template may set them and a typo in any field, theirs included, is still a parse error. Triton 2.51 itself
-cannot read them: config_rules warns."""
+cannot read them: rules/ warns."""
 
 
 @functools.lru_cache(maxsize=1)

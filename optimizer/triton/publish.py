@@ -18,10 +18,10 @@ from optimizer.errors import PublishError, TemplateError
 from optimizer.model.samples import load_feeds
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton import config_rules
+from optimizer.triton import rules
 from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
 from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
-from optimizer.triton.object_store.location import parse_location, store_url
+from optimizer.triton.object_store.location import check_scheme, parse_location, store_url
 from optimizer.triton.repository import (
     ModelFiles,
     Published,
@@ -83,8 +83,10 @@ def check_target(repository: Path | str, name: str, version: int | None, overwri
         check_store_target(parse_location(url), each, version, overwrite)
 
 
-def repository_argument(value: str | Path) -> Path | str:
-    """A --repository value as the publisher takes it: the s3:// URL as text (a Path would fold its '//'), else a Path."""
+def repository_argument(value: str | Path, what: str = "--repository") -> Path | str:
+    """A --repository value as the publisher takes it: the s3:// URL as text (a Path would fold its '//'), else a Path;
+    any other URL (ftp://, gs://, ...) is refused here, the one place a repository value is parsed."""
+    check_scheme(value, what)
     return store_url(value) or Path(value)
 
 
@@ -128,9 +130,9 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
     text = render(spec, options.template_dir)
     source = _template_source(spec.template, options.template_dir)
     config = parse(text, f"config.pbtxt rendered from {source}", options.template_dir)
-    facts = config_rules.facts_for(artifact, options.name, state.versions_after,
+    facts = rules.facts_for(artifact, options.name, state.versions_after,
                                    {name.split("/", 1)[1]: len(data) for name, data in files.items() if name.startswith("warmup/")})
-    config_rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
+    rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
     header = f"# aitune-export: the served search measured this config{note}.\n" if note else ""
     return header + canonical(config), files, spec
 
@@ -217,8 +219,8 @@ def _publish_behind_front(result: TuneResult, options: PublishOptions, files: di
             config.version_policy.latest.num_versions = int(policy["latest"])
         elif policy is not None:
             config.version_policy.specific.versions.extend(int(v) for v in policy["specific"])
-        facts = config_rules.facts_for(artifact, options.name, state.versions_after, {})
-        config_rules.check(config, facts, f"config.pbtxt of the ensemble {options.name!r} in front of {inner!r}")
+        facts = rules.facts_for(artifact, options.name, state.versions_after, {})
+        rules.check(config, facts, f"config.pbtxt of the ensemble {options.name!r} in front of {inner!r}")
         return canonical(config)
 
     first = RepositoryState(options.name, False, (), options.version or 1, options.overwrite, None)

@@ -12,11 +12,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import PurePath
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from optimizer.errors import SettingsError
 
 SCHEME = "s3://"
+_ANY_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+NOT_YET = MappingProxyType({"gs": "Google Cloud Storage", "as": "Azure Storage"})
+"""Schemes Triton's core reads that this tool does not publish to yet (it reads local paths and s3:// too)."""
 _ENDPOINT = re.compile(r"^(?:(https?)://)?([0-9A-Za-z.\-]+):([0-9]{1,5})$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _COMPONENT = re.compile(r"^[0-9A-Za-z._\-]+$")
@@ -40,6 +44,23 @@ def store_url(value: str | PurePath | None) -> str | None:
                 rest = scheme + "/" + rest[len(scheme):]
         return SCHEME + rest
     return None
+
+
+def check_scheme(value: str | PurePath, what: str = "--repository") -> None:
+    """Refuse a repository URL of a scheme we cannot publish to, before `Path()` turns `ftp://host/repo` into a local folder `ftp:`.
+
+    A local path or an s3:// URL passes; gs:// and as:// (which Triton reads) and every other scheme are a SettingsError
+    that names what is supported.
+    """
+    m = _ANY_SCHEME.match(str(value))
+    if m is None or str(value).startswith(SCHEME):
+        return
+    scheme = m.group(1)
+    forms = "use a local folder (e.g. model_repository) or s3://BUCKET/PREFIX (s3://HOST:PORT/BUCKET/PREFIX for an S3-compatible endpoint)"
+    if scheme in NOT_YET:
+        raise SettingsError(f"{what} {str(value)!r}: {scheme}:// ({NOT_YET[scheme]}) repositories are not supported yet, although Triton reads "
+                            f"them; {forms}, then copy the repository there yourself.")
+    raise SettingsError(f"{what} {str(value)!r}: {scheme}:// is not a model repository Triton can read; {forms}.")
 
 
 @dataclass(frozen=True)

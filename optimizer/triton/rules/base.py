@@ -1,0 +1,99 @@
+"""What every rule shares: who enforces it, the facts beside the config, the shape of a finding, small helpers.
+
+Each rule quotes the wording of the component that enforces it (the package's docstring lists them), so a user who
+has seen the server's error recognizes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from optimizer.records.triton_platforms import PLATFORMS
+
+WILDCARD = -1
+CORE = "Triton core"
+ORT = "ONNX Runtime backend"
+LIBTORCH = "PyTorch backend"
+TRT = "TensorRT backend"
+OPENVINO = "OpenVINO backend"
+OURS = "aitune-export"
+BACKEND_NAMES = MappingProxyType({"onnxruntime": ORT, "pytorch": LIBTORCH, "tensorrt": TRT, "openvino": OPENVINO})
+
+
+# platform -> the backend Triton resolves it to (core AutoCompleteBackendFields; torch_aoti since Triton 26.03):
+# ours from the one platform table, plus the TensorFlow platforms Triton also knows
+PLATFORM_BACKEND = MappingProxyType({
+    **{p.platform: p.backend for p in PLATFORMS.values() if p.platform},
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
+})
+LIBTORCH_NAMED = frozenset(p.platform for p in PLATFORMS.values() if p.libtorch_io_names)  # outputs <name>__<index>
+GPU_ONLY = frozenset(p.platform for p in PLATFORMS.values() if p.gpu_only)
+
+
+# backends core knows by type: a platform must resolve to the same one (others accept any platform)
+TYPED_BACKENDS = frozenset({"tensorrt", "onnxruntime", "pytorch", "tensorflow"})
+
+
+@dataclass(frozen=True)
+class ArtifactFacts:
+    """What the artifact and the repository say, for the rules that need more than the config (None: unknown)."""
+
+    directory_name: str | None = None
+    onnx_inputs: Mapping[str, list[int] | None] | None = None  # graph input -> shape (-1 symbolic), in graph order
+    onnx_outputs: Mapping[str, list[int] | None] | None = None
+    engine_max_batch: int | None = None  # TensorRT: the largest batch every selected profile accepts
+    engine_profile_count: int | None = None
+    versions: tuple[int, ...] | None = None  # version directories the model has once published
+    warmup_files: Mapping[str, int] | None = None  # file under <model>/warmup/ -> size in bytes
+    gpu_count: int | Callable[[], int | None] | None = None  # GPUs of the machine the config is for; a callable asks when needed
+
+
+@dataclass(frozen=True)
+class RuleViolation:
+    """One broken rule: whose wording it quotes, the words, and what to change.
+
+    `warn`: Triton loads the config (or whether it does cannot be decided here); `when` completes "<source> ...:"
+    with what happens instead of a refusal, e.g. "loads it, but at request time a batch ... may fail with"."""
+
+    rule: str
+    source: str
+    message: str
+    fix: str = ""
+    warn: bool = False
+    when: str = ""
+
+
+Rule = Callable[[Any, ArtifactFacts], list[RuleViolation]]
+
+
+def shape_text(dims: Any) -> str:
+    """Dims as Triton prints them in its messages: [-1,3,8,8]."""
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def is_tensorrt(config: Any) -> bool:
+    """Whether the config is a TensorRT engine's (by platform or backend)."""
+    return config.platform == "tensorrt_plan" or config.backend == "tensorrt"
+
+
+def gpu_only(config: Any) -> bool:
+    """Whether the config's platform runs on a GPU only."""
+    return config.platform in GPU_ONLY or is_tensorrt(config)
+
+
+def backend_of(config: Any) -> str:
+    """The backend Triton resolves the config to: its backend, else its platform's."""
+    return config.backend or PLATFORM_BACKEND.get(config.platform, "")
+
+
+def element_count(dims: Any) -> int:
+    """triton::common::GetElementCount: -1 when any dim is variable, 0 for no dims."""
+    dims = list(dims)
+    if any(d == WILDCARD for d in dims):
+        return WILDCARD
+    return math.prod(dims) if dims else 0
