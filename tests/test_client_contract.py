@@ -23,7 +23,7 @@ from optimizer.triton.front import INNER_SUFFIX, VERSION_MARKER, export_models, 
 from optimizer.triton.model_config import parse
 from optimizer.triton.publish import PublishOptions, check_target, publish
 from optimizer.triton.validation.target import composing_targets, resolve_target
-from tests.conftest import CLI, ROOT, ctrl_c_reaches_it, run_cli, tree_snapshot
+from tests.conftest import CLI, ROOT, ctrl_c_reaches_it, tree_snapshot
 from tests.triton_records import make_result, tensor
 
 TWO_IN = (tensor("image", "float32", "3x8x8"), tensor("mask", "float32", "8"))
@@ -153,12 +153,13 @@ client.close()
 """The client a user writes once: forward() argument `image` in, `output__0` out, model `cnn`."""
 
 
-def start_serve(repo: Path | str, cwd: Path, env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
+def start_serve(repo: Path | str, cwd: Path, env: dict | None = None, mode: str = "explicit") -> tuple[subprocess.Popen, int, int]:
     """`aitune-export serve REPO` in its own process on free loopback ports; returns it once it says it is serving."""
     from optimizer.triton.server import free_port
 
     http, grpc = free_port(), free_port()
-    proc = subprocess.Popen([*CLI, "-q", "serve", str(repo), "--http-port", str(http), "--grpc-port", str(grpc)], cwd=cwd,
+    proc = subprocess.Popen([*CLI, "-q", "serve", str(repo), "--http-port", str(http), "--grpc-port", str(grpc),
+                             "--model-control-mode", mode], cwd=cwd,
                             env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=ctrl_c_reaches_it)
     deadline = time.monotonic() + 180

@@ -15,7 +15,7 @@ from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSea
 from optimizer.triton.model_config import parse
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search import SearchRequest, served_search
-from optimizer.triton.served_search import search as search_module
+from optimizer.triton.served_search import run as search_module
 from optimizer.triton.served_search.objective import Objective
 from optimizer.triton.served_search.points import SearchSpace, better, close, coarse_grid, layouts, max_batches, refinements, seed_concurrency
 from optimizer.triton.served_search.prediction import predict_throughput
@@ -195,12 +195,12 @@ def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_l
         points[repr(point)] = point
         return repr(point)
 
-    monkeypatch.setattr(search_module._Run, "_config", config)
+    monkeypatch.setattr(search_module.SearchRun, "_config", config)
     monkeypatch.setattr(search_module, "warm_up", lambda *a, **k: None)
     monkeypatch.setattr(search_module, "measure_level", lambda bench, name, c, window: served(points[loader.configs[name]], c))
     search = ServedSearch("searched", percentile=request.percentile)
     bench = search_module.Bench("127.0.0.1:1", tmp_path / "input.json", [], tmp_path)
-    run = search_module._Run(result, PublishOptions(tmp_path / "repo", "m"), request, search, loader, bench, lambda: None,
+    run = search_module.SearchRun(result, PublishOptions(tmp_path / "repo", "m"), request, search, loader, bench, lambda: None,
                              time.monotonic() + budget_s, lambda e: None)
     fixed = request.user_max
     m = fixed or min(8, decision_largest)  # the rules' start: the user's max, else the in-process peak within what fit

@@ -11,6 +11,9 @@ atomically, replacing an existing model is refused before anything is written, n
 steps. A lock file in the staging folder serializes publishers into one repository, and each
 publisher first removes what a killed one left in the staging folder.
 
+Over 400 lines because the name, the target and the staging checks, the lock and the three kinds of rename are one
+protocol whose steps must be read together to see that no moment leaves a half-written model.
+
 Layout beside a repository /models/repo:
     /models/.repo.aitune-staging/lock         flock'ed by the publisher at work
     /models/.repo.aitune-staging/<pid>-<name>-XXXX/<name>/...   the model being assembled

@@ -1,0 +1,29 @@
+"""What the user asked of the served search: the load, the latency budget, the time, the server it runs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from optimizer.triton.served_search.objective import Objective
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """What the user asked of the search: the load, the latency budget, the time it may take, where it works."""
+
+    workdir: Path
+    concurrency: int | None = None  # None: no fixed load (a latency budget, or the most throughput sustained)
+    latency_budget_ms: float | None = None
+    percentile: int = 95
+    budget_s: float = 90.0
+    cache_dir: Path | None = None
+    user_max: int | None = None  # --max-batch-size: never changed by the search
+    wait_for_cores_s: float = 0.0  # --wait-for-cores: how long to wait for cores other processes keep busy
+    url: str | None = None  # --url: a running Triton (explicit model control) to search on instead of the bundled one
+    protocol: str = "http"  # --protocol: how the variants are loaded and measured
+    server_version: str = ""  # what that server said it is (remote.probe_server)
+
+    @property
+    def objective(self) -> Objective:
+        return Objective(self.concurrency, self.latency_budget_ms, self.percentile)

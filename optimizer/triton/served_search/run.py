@@ -1,0 +1,274 @@
+"""One served search's run: the order of its stages, loading and measuring variants a group at a time, the best so far.
+
+The stages (points.py says which points): the rules' start, the coarse pass, the refinement of the best two, a close
+call settled by interleaved re-measurement (A B A B), and the published variant at one request at a time (the anchor
+of validate's prediction). The budget is a bound: a group that would not finish in it is not started.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+from optimizer.errors import ConfigRuleError, PublishError, TemplateError, ValidationError
+from optimizer.events import Event, EventSink
+from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, ServedVariant
+from optimizer.records.tune_result import TuneResult
+from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
+from optimizer.triton.model_config import canonical, config_signature, parse
+from optimizer.triton.publish import PublishOptions, prepare_config
+from optimizer.triton.served_search.loader import VariantLoader, private_name
+from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, settle_level, sweep, warm_up
+from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, refinements, seed_concurrency
+from optimizer.triton.served_search.request import SearchRequest
+from optimizer.triton.served_search.servers import locally
+
+LOAD_GROUP = 4
+"""Variants loaded at once before they are measured one after another: loads overlap each other (4 stand-in loads took
+5.5 s together against 2.2 s each here), never a measurement."""
+SETTLE_ROUNDS = 2
+"""A close call is measured A B A B: drift between rounds hits both, and each config is measured twice."""
+
+
+class SearchRun:
+    """One search's state: what was measured, the best so far, the time left, the next private name."""
+
+    def __init__(self, result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, loader: VariantLoader,
+                 bench: Bench, check_alive: Callable[[], None], deadline: float, on_event: EventSink) -> None:
+        self.result, self.options, self.request, self.search = result, options, request, search
+        self.loader, self.bench, self.check_alive, self.deadline, self.on_event = loader, bench, check_alive, deadline, on_event
+        self.objective = request.objective
+        self.renamed = config_signature(result.selected_candidate.artifact)[1]
+        self.fronted = needs_front(self.renamed, options.io_names)  # measured through the ensemble clients will call
+        self.seen: dict[OperatingPoint, ServedVariant] = {}
+        self.best: ServedVariant | None = None
+        self.costs: list[float] = []
+        self.count = 0
+        self.runtime: str | None = None  # the first loaded variant's config `runtime` ("model.py": a Python-based backend)
+        self.gone = ""  # why the server stopped answering, when it did
+
+    # -- the order ---------------------------------------------------------------------------------------------------
+    def explore(self, space: SearchSpace) -> str:
+        """Coarse pass, refinement of the best two, settle a close call; returns why the search ended."""
+        try:
+            self.measure([p for p in coarse_grid(space) if p not in self.seen], "coarse")
+            top = self.ranked()[:2]
+            self.measure([p for v in top for p in refinements(v.point, space, set(self.seen))], "refine")
+            self.settle()
+        except OutOfTime:
+            return f"the time budget ({self.request.budget_s:.0f} s, --serve-search-seconds) ran out"
+        except ServerGone as err:
+            self.gone = str(err)
+            return f"{err}; the best variant measured before stands"
+        return "every variant of the coarse pass and the refinement was measured"
+
+    def ranked(self) -> list[ServedVariant]:
+        """Measured variants, best first by the objective (each point's latest measurement)."""
+        pool = [v for v in self.seen.values() if v.status == "measured" and v.throughput is not None]
+        ranked: list[ServedVariant] = []
+        for v in pool:
+            i = next((k for k, r in enumerate(ranked) if better(v, r, self.request.latency_budget_ms, self.request.percentile)), len(ranked))
+            ranked.insert(i, v)
+        return ranked
+
+    # -- measuring -----------------------------------------------------------------------------------------------------
+    def measure(self, points: list[OperatingPoint], stage: str) -> list[ServedVariant]:
+        """Measure points a group at a time (loaded together, measured one after another, unloaded); updates the best."""
+        out: list[ServedVariant] = []
+        points = list(dict.fromkeys(points))
+        while points:
+            fits = self._fits(len(points[:LOAD_GROUP]))
+            if fits == 0:
+                raise OutOfTime()
+            group, points = points[:fits], points[fits:]
+            out += self._measure_group(group, stage)
+        return out
+
+    def _fits(self, wanted: int) -> int:
+        """How many more variants fit in the budget at the slowest cost so far (the budget is a bound, not a target)."""
+        if not self.costs:
+            return wanted
+        left = self.deadline - time.monotonic()
+        return max(0, min(wanted, int(left // max(self.costs))))
+
+    def _measure_group(self, group: list[OperatingPoint], stage: str) -> list[ServedVariant]:
+        t0 = time.monotonic()
+        variants = {self._next_name(): ServedVariant(p, stage) for p in group}
+        configs = {}
+        for name, v in variants.items():
+            try:
+                configs[name] = self._config(v.point)
+            except (ConfigRuleError, TemplateError, PublishError) as err:
+                v.status, v.reason = "failed", f"the config is refused: {err}"
+        errors = self._load(configs)
+        load_share = (time.monotonic() - t0) / max(1, len(configs))
+        if self.runtime is None and any(n not in errors for n in configs):
+            self.runtime = self.loader.runtime(next(n for n in configs if n not in errors))
+        try:
+            for name, v in variants.items():
+                v.seconds = round(load_share, 2)
+                if name in errors:
+                    v.status, v.reason = "failed", f"Triton could not load it: {errors[name]}"
+                elif v.status == "measured":
+                    self._sweep(name, v)
+                self._record(v)
+        finally:
+            self._unload(list(variants))
+        return list(variants.values())
+
+    def _load(self, configs: dict[str, str]) -> dict[str, str]:
+        """Load variants by their measured names: the model itself, or its positional model and then the ensemble in front."""
+        if not configs:
+            return {}
+        if not self.fronted:
+            return self.loader.load(configs)
+        errors = self.loader.load({inner_name(n): text for n, text in configs.items()})
+        fronts = {n: canonical(front_config(parse(text), n, inner_name(n), self.renamed)) for n, text in configs.items() if inner_name(n) not in errors}
+        errors = {n: errors[inner_name(n)] for n in configs if inner_name(n) in errors}
+        errors.update(self.loader.load(fronts, files={f"1/{VERSION_MARKER}": VERSION_MARKER_TEXT}) if fronts else {})
+        return errors
+
+    def _unload(self, names: list[str]) -> None:
+        """Unload variants (an ensemble before the model it serves)."""
+        self.loader.unload(names)
+        if self.fronted:
+            self.loader.unload([inner_name(n) for n in names])
+
+    def _sweep(self, name: str, v: ServedVariant) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        seed = self.best.concurrency if self.best is not None and self.best.concurrency else seed_concurrency(v.point)
+        t0 = time.monotonic()
+        try:
+            first = self.objective.first_level(seed)
+            warm_up(self.bench, name, first, WARMUP_PER_SLOT * first)
+            v.seconds = round(v.seconds + time.monotonic() - t0, 2)
+            window = self.bench.window_ms
+            sweep(v, self.objective, seed, lambda c: measure_level(self.bench, name, c, window), explore_down=v.stage != "coarse")
+        except ValidationError as err:
+            v.status, v.reason = "failed", str(err)
+        except (InferenceServerException, OSError) as err:  # the server refused the warm-up, or closed the connection dying
+            from optimizer.triton.server import triton_message
+
+            v.status, v.reason = "failed", f"Triton stopped answering: {triton_message(err)}"
+
+    def _record(self, v: ServedVariant) -> None:
+        self.search.variants.append(v)
+        self.costs.append(v.seconds)
+        if v.status == "measured":
+            top = max((x.throughput or 0.0) for x in self.seen.values()) if self.seen else None
+            self.seen[v.point] = v
+            if self.best is None or better(v, self.best, self.request.latency_budget_ms, self.request.percentile, top):
+                self.best = v
+        else:
+            self.seen.setdefault(v.point, v)
+        mark = (f"{v.throughput:.1f}/s p{self.request.percentile} {latency_at(v, self.request.percentile):.1f} ms at concurrency {v.concurrency}"
+                if v.throughput is not None else f"{v.status}: {v.reason}")
+        self.on_event(Event("serve", "progress", self.result.selected or "", f"{v.stage}: {v.point.label}: {mark}"))
+        try:
+            self.check_alive()
+        except ValidationError as err:
+            raise ServerGone(f"the server stopped: {err}") from err
+
+    # -- a close call ----------------------------------------------------------------------------------------------------
+    def settle(self) -> None:
+        """When the runner-up is within the noise of repeated measurement of the best, measure both again interleaved
+        (A B A B) at one load with longer windows, and keep the one that serves more (then the lower latency)."""
+        ranked = self.ranked()
+        if len(ranked) < 2 or not close(ranked[0], ranked[1]):
+            return
+        a, b = ranked[0], ranked[1]
+        level = settle_level(a, b, self.objective)
+        cost = 2 * SETTLE_ROUNDS * max(2.0, 3 * 2 * self.bench.window_ms / 1000.0) + max(self.costs)
+        if time.monotonic() + cost > self.deadline:
+            raise OutOfTime()
+        names = {self._next_name(): a, self._next_name(): b}
+        errors = self._load({n: self._config(v.point) for n, v in names.items()})
+        if errors:
+            self._unload(list(names))
+            return
+        window = 2 * self.bench.window_ms
+        levels: dict[str, list[LoadLevel]] = {n: [] for n in names}
+        try:
+            for n in names:
+                warm_up(self.bench, n, level, WARMUP_PER_SLOT * level)
+            for _ in range(SETTLE_ROUNDS):
+                for n in names:
+                    levels[n].append(measure_level(self.bench, n, level, window))
+        except ValidationError:
+            return
+        finally:
+            self._unload(list(names))
+        pct = self.request.percentile
+        means = {n: mean_level(lv) for n, lv in levels.items()}
+        (na, ma), (nb, mb) = means.items()
+        ratio = ma.throughput / mb.throughput
+        if ratio >= 1 + THROUGHPUT_NOISE:
+            winner = na
+        elif ratio <= 1 - THROUGHPUT_NOISE:
+            winner = nb
+        else:  # a tie in throughput: the lower latency at the same load, when clearly lower
+            winner = nb if mb.latency(pct) < ma.latency(pct) * (1 - LATENCY_GAIN) else na
+        for n, v in names.items():
+            again = ServedVariant(v.point, "settle", curve=[means[n]],
+                                  reason="mean of " + ", ".join(f"{lv.throughput:.1f}/s" for lv in levels[n]) + f" at concurrency {level}, interleaved")
+            again.score_at(means[n])
+            again.meets_budget = None if self.request.latency_budget_ms is None else means[n].latency(pct) <= self.request.latency_budget_ms
+            self.search.variants.append(again)
+            if n == winner:
+                self.best = again
+        self.search.settled = (f"{a.point.label} and {b.point.label} served within {100 * (1 - min(ratio, 1 / ratio)):.1f}% of each other, "
+                               f"measured A B A B at concurrency {level}: {names[winner].point.label} kept")
+
+    def base(self) -> None:
+        """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
+        of validate's prediction for loads below the ones the search measured (prediction.py)."""
+        best = self.best
+        if best is None or best.level(1) is not None or not self.costs or time.monotonic() + max(self.costs) > self.deadline:
+            return
+        name = self._next_name()
+        if self._load({name: self._config(best.point)}):
+            self._unload([name])
+            return
+        try:
+            warm_up(self.bench, name, 1, WARMUP_PER_SLOT)
+            one = measure_level(self.bench, name, 1, self.bench.window_ms)
+        except ValidationError:
+            return
+        finally:
+            self._unload([name])
+        base = ServedVariant(best.point, "base", curve=[one], reason="one request at a time: the anchor of validate's prediction below the loads the sweep measured")
+        base.score_at(one)
+        self.search.variants.append(base)
+
+    # -- helpers -------------------------------------------------------------------------------------------------------------
+    def _config(self, point: OperatingPoint) -> str:
+        text, _, _ = prepare_config(self.result, replace(self.options, operating_point=point))
+        return locally(text)
+
+    def _next_name(self) -> str:
+        self.count += 1
+        return private_name(self.options.name, self.count)
+
+
+def latency_at(v: ServedVariant, percentile: int) -> float:
+    level = v.level(v.concurrency) if v.concurrency is not None else None
+    return level.latency(percentile) if level is not None else (v.p95_ms or 0.0)
+
+
+def mean_level(levels: list[LoadLevel]) -> LoadLevel:
+    """Repeated measurements of one load as one: the mean of each figure."""
+    def avg(xs: list[float | None]) -> float | None:
+        vals = [x for x in xs if x is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    return LoadLevel(levels[0].concurrency, *(avg([getattr(lv, f) for lv in levels]) for f in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "server_batch")))
+
+
+class OutOfTime(Exception):
+    """The next variant would not finish within --serve-search-seconds."""
+
+
+class ServerGone(ValidationError):
+    """The server died while a variant was measured."""

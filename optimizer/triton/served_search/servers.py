@@ -1,0 +1,122 @@
+"""Where the variants run: the bundled tritonserver on a private repository of links, or the user's server (--url).
+
+Either way the search gets a URL, a way to give a private name the model's files (links on our disk, or the files in
+each load request), and a check that the server is still there.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from optimizer.errors import ValidationError
+from optimizer.events import Event, EventSink
+from optimizer.records.served_search import ServedSearch
+from optimizer.records.tune_result import TuneResult
+from optimizer.task.core_share import CoreShare, probe
+from optimizer.triton.local_serving import local_config, needs_translation
+from optimizer.triton.model_config import canonical, parse
+from optimizer.triton.publish import PublishOptions, model_files
+from optimizer.triton.served_search.request import SearchRequest
+from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, prepare_home
+from optimizer.vocab import Device
+
+STAND_IN_LABEL = "stand-in backend"
+WAIT_PROBE_S = 1.0
+
+
+@dataclass
+class Where:
+    """The server the variants run on: its URL, how a private name gets its files, how to tell it is still there."""
+
+    name: str
+    url: str
+    check_alive: Callable[[], None]
+    place: Callable[[str, bool], None] | None = None
+    files: dict[str, bytes] | None = None
+    share: CoreShare | None = None
+
+
+@contextmanager
+def local_server(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, text: str, extra: dict[str, bytes],
+           on_event: EventSink) -> Iterator[Where | None]:
+    """The bundled tritonserver on a private repository of links to the artifact, pinned to the cores others leave free."""
+    from optimizer.triton.validation.target import ModelTarget, local_servability
+
+    artifact = result.selected_candidate.artifact
+    repo = request.workdir / "repository"
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir(parents=True)
+    home = prepare_home(find_triton(), homes_root(request.cache_dir))
+    reason = local_servability(ModelTarget(repo, options.name, parse(locally(text))), home)
+    if reason:
+        search.reason = reason.replace("validate it", "serve it").split("; ")[0]
+        yield None
+        return
+    search.stand_in = artifact.platform.backend in home.stand_ins()
+    search.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{artifact.platform.backend}/model.py"
+                        if search.stand_in else "native backend")
+    share = None if Device.of(artifact.device).is_cuda else free_cores(request, search, on_event)
+    files = model_files(result)
+
+    def place(name: str, with_files: bool) -> None:  # the private model folder: the artifact's files linked, the extra files written
+        version = repo / name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        if not with_files:  # an ensemble front: its version folder only
+            return
+        for target, source in files.items():
+            (version / target).unlink(missing_ok=True)
+            (version / target).symlink_to(source.resolve())
+        for rel, data in extra.items():
+            (repo / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name / rel).write_bytes(data)
+
+    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
+        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {server.http_url}"
+        yield Where("the local server", server.http_url if request.protocol == "http" else server.grpc_url, server.check_alive, place=place,
+                     share=share)
+
+
+def remote_server(result: TuneResult, request: SearchRequest, search: ServedSearch, extra: dict[str, bytes]) -> Where:
+    """The user's server (--url): the model's files go in every load request, since it may not see this disk."""
+    from optimizer.triton.server import open_client
+
+    assert request.url is not None
+    files = {f"1/{target}": source.read_bytes() for target, source in model_files(result).items()}
+    files.update(extra)
+    search.server = f"Triton {request.server_version or '(version unknown)'} at {request.url} ({request.protocol}, --url)"
+    search.served_by = "native backend"  # unless the first variant's config says a model.py ran it (checked after it loads)
+    client = open_client(request.protocol, request.url, 10.0)
+
+    def check_alive() -> None:
+        try:
+            if client.is_server_live():
+                return
+        except Exception:
+            pass
+        raise ValidationError(f"the Triton at {request.url} stopped answering")
+
+    return Where(f"the Triton at {request.url}", request.url, check_alive, files=files)
+
+
+def free_cores(request: SearchRequest, search: ServedSearch, on_event: EventSink) -> CoreShare:
+    """The cores others leave free; with --wait-for-cores, probe again until every core is free or the wait is over."""
+    share = probe()
+    if share.reduced and request.wait_for_cores_s > 0:
+        t0 = time.monotonic()
+        on_event(Event("serve", "progress", message=f"{share.others_busy:.1f} cores busy with other processes; waiting up to "
+                       f"{request.wait_for_cores_s:g} s for them (--wait-for-cores)"))
+        while share.reduced and time.monotonic() - t0 < request.wait_for_cores_s:
+            time.sleep(WAIT_PROBE_S)
+            share = probe()
+        search.waited_s = round(time.monotonic() - t0, 1)
+    return share
+
+
+def locally(text: str) -> str:
+    """The config as the local 2.51 server can load it (torch_aoti through the pytorch stand-in; others unchanged)."""
+    config = parse(text)
+    return canonical(local_config(config)) if needs_translation(config) else text
