@@ -133,7 +133,8 @@ def _served_search_line(search: dict[str, Any]) -> str:
     return (f"served search for {found.load}: {chosen.point.label} serves {chosen.throughput:.1f}/s, p{pct} "
             f"{chosen.level(chosen.concurrency or 0).latency(pct) if chosen.level(chosen.concurrency or 0) else chosen.p95_ms:.1f} ms "
             f"at concurrency {chosen.concurrency}{where}{label}; the in-process rules' config served {start.throughput:.1f}/s at concurrency "
-            f"{start.concurrency} ({len(found.variants)} variants in {found.seconds:.0f} s; {found.stopped})")
+            f"{start.concurrency} ({len(found.variants)} variants in {found.seconds:.0f} s; {found.stopped})"
+            + (f"; reused from the search measured {found.cached_from}" if found.cached_from else ""))
 
 
 @main.command()

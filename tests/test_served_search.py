@@ -183,7 +183,7 @@ class _Loader:
         return ""
 
 
-def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_largest: int = 64, budget_s: float = 600.0):
+def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_largest: int = 64, budget_s: float = 600.0, wrong: str = ""):
     """Run the search's order (start, coarse, refine, settle, base) against `served(point, concurrency) -> LoadLevel`:
     the repository API and perf_analyzer are replaced, the order, the scoring and the publishing choice are the real ones."""
     loader = _Loader()
@@ -197,6 +197,7 @@ def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_l
 
     monkeypatch.setattr(search_module.SearchRun, "_config", config)
     monkeypatch.setattr(search_module, "warm_up", lambda *a, **k: None)
+    monkeypatch.setattr(search_module.SearchRun, "_wrong_answers", lambda self, name: wrong)
     monkeypatch.setattr(search_module, "measure_level", lambda bench, name, c, window: served(points[loader.configs[name]], c))
     search = ServedSearch("searched", percentile=request.percentile)
     bench = search_module.Bench("127.0.0.1:1", tmp_path / "input.json", [], tmp_path)
@@ -207,6 +208,8 @@ def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_l
     start = OperatingPoint(m, (m,) if m > 1 else (), 200, 1, 2)
     run.measure([start], "start")
     sp = SearchSpace(m, fixed or decision_largest, fixed, 2, False, request.concurrency or 0, 200)
+    if run.best is None:
+        return run, search, loader, "the start failed"
     stopped = run.explore(sp)
     run.base()
     return run, search, loader, stopped
@@ -253,6 +256,13 @@ def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp
     run, search, _, stopped = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path, budget_s=0.0), budget_s=-1.0)
     assert "time budget" in stopped
     assert run.best.point in {v.point for v in search.variants if v.status == "measured"}
+
+
+def test_a_server_that_answers_wrong_is_not_measured(monkeypatch, tmp_path: Path):
+    run, search, loader, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path),
+                                  wrong="output 'output__0' at batch=1: max abs error 3.2")
+    assert [v.status for v in search.variants] == ["failed"] and "its answers are wrong" in search.variants[0].reason
+    assert run.best is None and not loader.loaded
 
 
 @settings(max_examples=15, deadline=None)
@@ -318,7 +328,7 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
     """No load given: each variant is swept for the most throughput it sustains; the published config is one of them,
     and validate tests a prediction at loads the search did not measure, apart from repeating the ones it did."""
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
-                "--serve-search-seconds", "45", "--validate", cwd=in_tmp, serve_search=True)
+                "--serve-search-seconds", "60", "--validate", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
     search = ServedSearch.from_json(doc["published"]["served_search"])
@@ -326,7 +336,7 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
     assert search.objective == "max-throughput" and search.stand_in and "stand-in" in search.served_by
     assert search.variants[0].stage == "start"
     measured = [v for v in search.variants if v.status == "measured"]
-    assert len(measured) >= 3 and all(v.curve and v.throughput and v.p95_ms for v in measured)
+    assert len(measured) >= 2 and all(v.curve and v.throughput and v.p95_ms for v in measured)
     assert any(len(v.curve) >= 2 for v in measured)  # a sweep, not one load
     chosen = search.chosen_variant
     assert chosen is not None and chosen.point == search.chosen and chosen.differs == {} and search.concurrency == chosen.concurrency
@@ -344,6 +354,14 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
     assert all(p["concurrency"] not in searched for p in validation["predictions"])
     assert all(rp["concurrency"] in searched for rp in validation["repeatability"])
     assert validation["throughput_ratio"] is not None and "served / predicted at loads the served search did not measure" in r.stdout
+    published = (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_bytes()
+    again = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
+                    "--serve-search-seconds", "60", "--overwrite", cwd=in_tmp, serve_search=True)
+    assert again.returncode == 0, again.stderr
+    assert "reused from the search measured" in again.stdout  # the same export: the served search is not measured again
+    assert (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_bytes() == published
+    redoc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
+    assert redoc["published"]["served_search"]["cached_from"] and "Reused from the search measured" in (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
 
 
 @pytest.mark.slow
@@ -382,3 +400,32 @@ def test_bad_serving_options_are_one_line_and_exit_2(in_tmp: Path):
         assert r.returncode == 2 and words in r.stderr, r.stderr
         assert not (in_tmp / "model_repository").exists()
 
+
+
+# -- the cache ---------------------------------------------------------------------------------------------------
+
+
+def test_a_cached_search_is_reused_only_for_the_same_key_and_a_corrupt_entry_is_ignored(tmp_path: Path, caplog):
+    from optimizer.triton.served_search.cache import ServedSearchCache, search_key
+
+    result = make_result(tmp_path / "run", "onnxruntime_onnx", triton_settings={"parameters": {"intra_op_thread_count": 2}})
+    start = prepare_config(result, PublishOptions(tmp_path / "repo", "m"))[0]
+    key = search_key(result, start, SearchRequest(tmp_path), "home-a", "names")
+    assert key == search_key(result, start, SearchRequest(tmp_path), "home-a", "names")
+    others = {search_key(result, start, SearchRequest(tmp_path, concurrency=8), "home-a", "names"),
+              search_key(result, start, SearchRequest(tmp_path, budget_s=30.0), "home-a", "names"),
+              search_key(result, start, SearchRequest(tmp_path), "home-b", "names"),
+              search_key(result, start.replace("max_batch_size", "max_batch_size ", 1), SearchRequest(tmp_path), "home-a", "names")}
+    assert key not in others and len(others) == 4  # the load, the budget, the server build and the rules' config all count
+    cache = ServedSearchCache(tmp_path / "cache")
+    chosen = variant(START, 321.0)
+    search = ServedSearch("searched", start=START, chosen=START, variants=[chosen])
+    cache.store(key, search)
+    again = cache.load(key)
+    assert again is not None and again.chosen == START and again.cached_from and again.chosen_variant.throughput == 321.0
+    assert cache.load("0" * 32) is None
+    busy = ServedSearch("searched", start=START, chosen=START, variants=[chosen], measured_on={"cores": [1], "available": [0, 1], "others_busy": 1.0})
+    cache.store("busy", busy)
+    assert cache.load("busy") is None  # measured on the free cores of a busy machine: never stored
+    (tmp_path / "cache" / "served_search" / f"{key}.json").write_text("{not json")
+    assert cache.load(key) is None and "ignoring the served-search cache entry" in caplog.text

@@ -157,7 +157,8 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
     budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds)
     request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile, budget, plan.cache_root,
                             user_max=settings.batch_cap(), wait_for_cores_s=settings.wait_for_cores_s, url=settings.url,
-                            protocol=settings.protocol, server_version=plan.server.version if plan.server is not None else "")
+                            protocol=settings.protocol, server_version=plan.server.describe().split(" at ")[0] if plan.server is not None else "",
+                            use_cache=settings.cache)
     while True:
         search = served_search(result, options, request, on_event)
         following = _next_candidate(result) if search.refused else None

@@ -6,6 +6,8 @@ precision and the tolerances; bad input fails here, in one line, before any work
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ from optimizer.triton.repository import check_model_name
 from optimizer.tune_strategy import STRATEGIES, TuneStrategy
 from optimizer.tune_strategy.multi_backend_strategy import check_backend_names
 from optimizer.vocab import Device
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -150,6 +154,10 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         from optimizer.triton.remote import probe_server
 
         plan.server = probe_server(settings.url, settings.protocol)
+        if plan.server.release and plan.server.release != settings.triton_release:
+            log.warning("the server at %s is %s while --triton-release is %s: what it loads decides what is measured there (a candidate "
+                        "it refuses is passed over), and the release gate checked %s; give --triton-release %s to gate for this server",
+                        settings.url, plan.server.describe(), settings.triton_release, settings.triton_release, plan.server.release)
     elif settings.url:
         raise SettingsError("--url runs the served search on that server, and --serve-search off skips the search; drop one of them.")
     if settings.validate:  # a missing tool or a bad range fails now, not after tuning

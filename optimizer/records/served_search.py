@@ -165,6 +165,7 @@ class ServedSearch:
     measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json() when others kept cores busy (else None)
     waited_s: float | None = None  # --wait-for-cores: how long the search waited for the cores others used
     refused: bool = False  # the user's server (--url) refused to load the artifact: the export tries the next candidate
+    cached_from: str = ""  # when the reused measurements were taken (UTC, ISO 8601); "" when they were taken in this run
 
     @property
     def chosen_variant(self) -> ServedVariant | None:

@@ -63,6 +63,9 @@ def _story(search: dict[str, Any]) -> str:
     served += "; every served number here is the stand-in's, not the native backend's." if search.get("stand_in") else " (native)."
     length = f" {len(variants)} variants in {float(search.get('seconds') or 0.0):.0f} s (budget {float(search.get('budget_s') or 0.0):g} s)"
     length += f"; stopped: {_cell(search['stopped'])}." if search.get("stopped") else "."
+    if search.get("cached_from"):
+        length += (f" Reused from the search measured {_cell(search['cached_from'])} (an identical earlier run: same artifact, load, "
+                   "budget, server and machine; --no-cache measures again).")
     first = load + where + served + length
     chosen, start = _label(search.get("chosen")), _label(search.get("start"))
     chosen_v, start_v = _chosen_variant(search), next((v for v in variants if v.get("stage") == "start"), None)

@@ -26,8 +26,16 @@ class ServerFacts:
     version: str
     extensions: tuple[str, ...]
 
+    @property
+    def release(self) -> str | None:
+        """The YY.MM release whose server version this is (records/triton_releases.py), None when the table has none."""
+        from optimizer.records.triton_releases import RELEASES
+
+        return next((r.release for r in RELEASES.values() if r.triton.value and str(r.triton.value).split(".")[:2] == self.version.split(".")[:2]), None)
+
     def describe(self) -> str:
-        return f"Triton {self.version} at {self.url} ({self.protocol})"
+        release = f" (release {self.release})" if self.release else ""
+        return f"Triton {self.version}{release} at {self.url} ({self.protocol})"
 
 
 def probe_server(url: str, protocol: str = "http", timeout_s: float = 10.0) -> ServerFacts:

@@ -23,6 +23,7 @@ class SearchRequest:
     url: str | None = None  # --url: a running Triton (explicit model control) to search on instead of the bundled one
     protocol: str = "http"  # --protocol: how the variants are loaded and measured
     server_version: str = ""  # what that server said it is (remote.probe_server)
+    use_cache: bool = True  # --cache: reuse the search of an identical earlier run (cache.py)
 
     @property
     def objective(self) -> Objective:

@@ -28,6 +28,8 @@ LOAD_GROUP = 4
 """Variants loaded at once before they are measured one after another: loads overlap each other (4 stand-in loads took
 5.5 s together against 2.2 s each here), never a measurement."""
 SETTLE_ROUNDS = 2
+UNKNOWN_PLATFORM = "unexpected platform type"
+"""Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
 """A close call is measured A B A B: drift between rounds hits both, and each config is measured twice."""
 
 
@@ -46,6 +48,7 @@ class SearchRun:
         self.costs: list[float] = []
         self.count = 0
         self.runtime: str | None = None  # the first loaded variant's config `runtime` ("model.py": a Python-based backend)
+        self.translate = request.url is None  # the bundled 2.51 core needs torch_aoti translated; a user's server decides by loading
         self.gone = ""  # why the server stopped answering, when it did
 
     # -- the order ---------------------------------------------------------------------------------------------------
@@ -102,6 +105,11 @@ class SearchRun:
             except (ConfigRuleError, TemplateError, PublishError) as err:
                 v.status, v.reason = "failed", f"the config is refused: {err}"
         errors = self._load(configs)
+        if stage == "start" and not self.translate and any(UNKNOWN_PLATFORM in e for e in errors.values()):
+            self.translate = True  # the user's server predates torch_aoti: serve it as the bundled server does, through pytorch
+            self._unload(list(variants))
+            configs = {n: self._config(variants[n].point) for n in configs}
+            errors = self._load(configs)
         load_share = (time.monotonic() - t0) / max(1, len(configs))
         if self.runtime is None and any(n not in errors for n in configs):
             self.runtime = self.loader.runtime(next(n for n in configs if n not in errors))
@@ -110,6 +118,8 @@ class SearchRun:
                 v.seconds = round(load_share, 2)
                 if name in errors:
                     v.status, v.reason = "failed", f"Triton could not load it: {errors[name]}"
+                elif v.status == "measured" and stage == "start" and (wrong := self._wrong_answers(name)):
+                    v.status, v.reason = "failed", f"its answers are wrong: {wrong}"
                 elif v.status == "measured":
                     self._sweep(name, v)
                 self._record(v)
@@ -134,6 +144,29 @@ class SearchRun:
         self.loader.unload(names)
         if self.fronted:
             self.loader.unload([inner_name(n) for n in names])
+
+    def _wrong_answers(self, name: str) -> str:
+        """Before any variant counts: the server answers the export's samples within the export's tolerances ("" when it
+        does, else what was wrong), over the protocol the search uses."""
+        from pathlib import Path
+
+        from optimizer.model.samples import load_feeds
+        from optimizer.records.correctness import tolerances_from_json
+        from optimizer.triton.server import open_client
+        from optimizer.triton.validation.checks import check_answers
+        from optimizer.triton.validation.client import served_config
+
+        reference = self.result.reference
+        back = {} if self.fronted else {original: served for served, original in self.renamed.items()}
+        feeds = [{back.get(k, k): a for k, a in feed.items()} for feed in load_feeds(Path(reference.feeds))]
+        outputs = [{back.get(k, k): a for k, a in out.items()} for out in load_feeds(Path(reference.outputs))]
+        client = open_client(self.request.protocol, self.bench.url, self.bench.timeout_s)
+        try:
+            check = check_answers(client, self.request.protocol, name, served_config(client, name), feeds, outputs, list(reference.points),
+                                  tolerances_from_json(self.result.tolerances))
+        finally:
+            client.close()
+        return "" if check.passed else check.error
 
     def _sweep(self, name: str, v: ServedVariant) -> None:
         from tritonclient.utils import InferenceServerException
@@ -245,7 +278,7 @@ class SearchRun:
     # -- helpers -------------------------------------------------------------------------------------------------------------
     def _config(self, point: OperatingPoint) -> str:
         text, _, _ = prepare_config(self.result, replace(self.options, operating_point=point))
-        return locally(text)
+        return locally(text) if self.translate else text
 
     def _next_name(self) -> str:
         self.count += 1

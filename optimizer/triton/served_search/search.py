@@ -28,13 +28,14 @@ from optimizer.triton.local_serving import needs_translation, translation_note
 from optimizer.triton.model_config import config_signature, operating_point_of, parse
 from optimizer.triton.perf_analyzer import write_input_data
 from optimizer.triton.publish import PublishOptions, prepare_config
+from optimizer.triton.served_search.cache import ServedSearchCache, search_key
 from optimizer.triton.served_search.loader import VariantLoader
 from optimizer.triton.served_search.measure import Bench
 from optimizer.triton.served_search.points import SearchSpace, on_free_cores
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.run import SearchRun, latency_at
 from optimizer.triton.served_search.servers import STAND_IN_LABEL, local_server, remote_server
-from optimizer.triton.server import ToolMissing
+from optimizer.triton.server import ToolMissing, find_triton, homes_root, prepare_home
 from optimizer.vocab import Device
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,11 @@ def served_search(result: TuneResult, options: PublishOptions, request: SearchRe
     search = ServedSearch(status="skipped", objective=objective.kind, load=objective.describe(), latency_budget_ms=request.latency_budget_ms,
                           percentile=request.percentile, start=start, chosen=start, budget_s=request.budget_s)
     on_event(Event("serve", "start", result.selected or "", f"{start.label}; for {search.load}"))
+    cache, key = _cache_for(result, options, request)
+    cached = cache.load(key) if cache is not None else None
+    if cached is not None:
+        on_event(Event("serve", "done", result.selected or "", f"{_summary(cached)}; reused from the search measured {cached.cached_from}"))
+        return cached
     try:
         _search(result, options, request, search, on_event)
     except ServerError:
@@ -72,7 +78,28 @@ def served_search(result: TuneResult, options: PublishOptions, request: SearchRe
         on_event(Event("serve", "skipped", result.selected or "", f"{search.reason}; the in-process rules stand"))
     else:
         on_event(Event("serve", "done", result.selected or "", _summary(search), elapsed_s=search.seconds))
+        if cache is not None:
+            cache.store(key, search)
     return search
+
+
+def _cache_for(result: TuneResult, options: PublishOptions, request: SearchRequest) -> tuple[ServedSearchCache | None, str]:
+    """The cache and this search's key (None: --no-cache, or nothing to key it by)."""
+    if not request.use_cache or request.cache_dir is None:
+        return None, ""
+    if request.url:
+        build = f"{request.url} {request.server_version}"
+    else:
+        try:
+            build = prepare_home(find_triton(), homes_root(request.cache_dir)).root.name
+        except ToolMissing:
+            return None, ""
+    try:
+        key = search_key(result, prepare_config(result, options)[0], request, build, options.io_names)
+    except OSError as err:  # a file of the artifact or the request mix is gone: measure
+        log.warning("the served search is not cached: %s", err)
+        return None, ""
+    return ServedSearchCache(request.cache_dir), key
 
 
 def _search(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, on_event: EventSink) -> None:
@@ -108,7 +135,7 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
             run = SearchRun(result, options, request, search, loader, bench, where.check_alive, deadline, on_event)
             best = run.measure([first], "start")[0]
             if best.status != "measured":
-                search.refused = request.url is not None and best.reason.startswith("Triton could not load it")
+                search.refused = request.url is not None and best.reason.startswith(("Triton could not load it", "its answers are wrong"))
                 search.reason = f"the in-process rules' config could not be measured in {where.name}: {best.reason}"
                 return
             if run.runtime == "model.py":  # a Python-based backend answered for the platform: not the native one

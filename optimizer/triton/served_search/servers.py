@@ -87,7 +87,7 @@ def remote_server(result: TuneResult, request: SearchRequest, search: ServedSear
     assert request.url is not None
     files = {f"1/{target}": source.read_bytes() for target, source in model_files(result).items()}
     files.update(extra)
-    search.server = f"Triton {request.server_version or '(version unknown)'} at {request.url} ({request.protocol}, --url)"
+    search.server = f"{request.server_version or 'Triton (version unknown)'} at {request.url} ({request.protocol}, --url)"
     search.served_by = "native backend"  # unless the first variant's config says a model.py ran it (checked after it loads)
     client = open_client(request.protocol, request.url, 10.0)
 
