@@ -75,3 +75,36 @@ def test_a_server_that_polls_its_repository_is_refused_before_tuning(in_tmp: Pat
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "was not started with --model-control-mode=explicit" in r.stderr
     assert not (in_tmp / "model_repository").exists()
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_search_fails_the_export_and_publishes_nothing(in_tmp: Path):
+    import os
+    import subprocess
+    import time
+
+    from tests.conftest import CLI, ROOT
+
+    served = in_tmp / "served"
+    served.mkdir()
+    proc, http, _ = start_serve(served, in_tmp)
+    export = subprocess.Popen([*CLI, "export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
+                               "--concurrency", "4", "--url", f"127.0.0.1:{http}", "--serve-search-seconds", "120"],
+                              cwd=in_tmp, env=dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(in_tmp / ".cache")),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:  # the search has measured its first variant on the user's server
+            line = export.stderr.readline()
+            if "start: max" in line or not line and export.poll() is not None:
+                break
+        proc.kill()  # the server dies, as a crash does (its tritonserver follows its parent)
+        proc.wait(timeout=30)
+        _, err = export.communicate(timeout=300)
+    finally:
+        if export.poll() is None:
+            export.kill()
+    assert export.returncode == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and ("nothing was published" in last or "stopped answering" in last), err
+    assert not (in_tmp / "model_repository").exists()

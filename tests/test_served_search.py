@@ -76,6 +76,9 @@ def test_refinement_tries_the_rules_delay_and_preferred_size_and_a_max_between_m
     assert not any(p in measured for p in out)
     assert all(p.max_batch_size == 6 for p in refinements(OperatingPoint(6, (), 0, 1, 2), space(fixed_max=6), set()))
     assert all(max(p.preferred, default=0) <= 4 for p in refinements(OperatingPoint(4, (), 0, 1, 2), space(concurrency=4), set()))
+    halved = refinements(OperatingPoint(256, (256,), 1, 1, 2), space(peak=256, largest_fit=256), {OperatingPoint(64, (), 0, 1, 2)})
+    assert OperatingPoint(128, (), 1, 1, 2) in halved  # a preferred size above the new max is dropped, never published
+    assert all(max(p.preferred, default=0) <= p.max_batch_size for p in halved)
 
 
 def test_the_seed_is_two_peak_batches_in_flight_per_instance():
@@ -289,6 +292,7 @@ def test_every_published_point_was_measured_within_every_cap(largest, user_max, 
     assert chosen in {v.point for v in search.variants if v.status == "measured" and v.stage != "base"}
     searched = [v.point.max_batch_size for v in search.variants if v.stage != "start"]
     assert all(b == user_max for b in searched) if user_max else all(1 <= b <= largest for b in searched)
+    assert all(1 < b <= v.point.max_batch_size for v in search.variants for b in v.point.preferred)  # a config Triton loads
 
 
 # -- skips -----------------------------------------------------------------------------------------------

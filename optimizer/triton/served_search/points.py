@@ -122,8 +122,9 @@ def refinements(best: OperatingPoint, space: SearchSpace, measured: set[Operatin
         if above and above[0] > 2 * best.max_batch_size and 2 * best.max_batch_size <= space.largest_fit:
             out.append(replace(best, max_batch_size=2 * best.max_batch_size))
         if below and below[-1] < best.max_batch_size // 2:
-            out.append(replace(best, max_batch_size=best.max_batch_size // 2))
-    return [p for p in dict.fromkeys(out) if p not in measured]
+            half = best.max_batch_size // 2
+            out.append(replace(best, max_batch_size=half, preferred=tuple(b for b in best.preferred if b <= half)))
+    return [p for p in dict.fromkeys(out) if p not in measured and all(1 < b <= p.max_batch_size for b in p.preferred)]
 
 
 def _reachable(size: int, space: SearchSpace) -> int:
