@@ -170,6 +170,9 @@ def served_search_figure(search: dict[str, Any]) -> Figure | None:
     best = next((v for v in variants if v["point"] == chosen), None)
     if best is not None and best.get("throughput") is not None:
         ax.plot([best.get("concurrency") or 1], [best["throughput"]], linestyle="none", marker="*", markersize=16, color="black", zorder=6)
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.xaxis.set_major_formatter(ScalarFormatter())  # 4, 8, 16 requests rather than 2^2, 2^3, 2^4
     ax.set_ylim(0, top * 1.15)
     ax.legend(fontsize="x-small", loc="lower right")
     return fig
