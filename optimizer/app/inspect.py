@@ -82,7 +82,8 @@ def inspect_model(settings: ExportSettings) -> Inspection:
         av = eager.availability(device)
         plans.append(CandidatePlan(eager.candidate_name(device), eager.name, "baseline", None, None, bool(av),
                                    av.reason or f"measured as the baseline (eager gate {strategy.eager_gate})"))
-    backends = strategy.backends_for_run(model.module, device, settings.precision, plan.cache_root)  # as export tries them
+    calibration = settings.calibration_samples or settings.samples  # INT8 candidates exist only with real samples
+    backends = strategy.backends_for_run(model.module, device, settings.precision, plan.cache_root, calibration)  # as export tries them
     gate = plan.release_gate
     for backend in backends:
         refused = gate.refusal(backend) if gate is not None and model.format in backend.consumes else None

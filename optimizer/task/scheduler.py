@@ -148,6 +148,7 @@ class CandidateScheduler:
             backend_settings=backend.settings,
             tolerances=tolerances_to_json(precision_tolerances(ctx.signature, backend.settings["precision"], ctx.tolerances)),
             state_dict=ctx.state_dict,
+            accuracy=ctx.accuracy.to_json() if backend.settings["precision"] != "fp32" else None,
         )
         self._event("build", "start", name)
         watcher = _ProgressWatcher(workdir / "progress.json", self, name, "build")

@@ -121,7 +121,20 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
     facts = config_rules.facts_for(artifact, options.name, state.versions_after,
                                    {name.split("/", 1)[1]: len(data) for name, data in files.items() if name.startswith("warmup/")})
     config_rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
-    return canonical(config), files, spec
+    return precision_comment(result.selected_candidate) + canonical(config), files, spec
+
+
+def precision_comment(cand: Any) -> str:
+    """A comment line naming a reduced precision and how it was judged, for whoever reads the config; fp32 gets
+    none (its config stays what it always was). Triton's text-format parser skips `#` lines."""
+    meta = cand.artifact.metadata if cand.artifact is not None else {}
+    precision = meta.get("precision", "fp32")
+    if precision == "fp32":
+        return ""
+    how = {"bf16": "bf16 compute, fp32 inputs and outputs", "int8": f"INT8, {meta.get('quantizer', 'post-training static quantization')}"}
+    accuracy = cand.correctness.accuracy if cand.correctness is not None else None
+    judged = f"; accuracy gate vs fp32 eager: cosine {accuracy.cosine:.6f}" if accuracy is not None else ""
+    return f"# precision: {precision} ({how.get(precision, precision)}){judged}; candidate {cand.name}\n"
 
 
 def prepare_config(result: TuneResult, options: PublishOptions) -> tuple[str, dict[str, bytes], ConfigSpec]:

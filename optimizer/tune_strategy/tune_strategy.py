@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Sequence
 from optimizer.backend import Backend
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
-from optimizer.machine import environment
+from optimizer.backend.precision import run_precisions
+from optimizer.machine import environment, native_bf16
 from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import tolerances_to_json
 from optimizer.records.tune_result import TuneResult
@@ -25,7 +26,7 @@ from optimizer.task.paired import PairedComparison, close_contenders
 from optimizer.task.release_gate import ReleaseGate
 from optimizer.task.scheduler import CandidateScheduler, ScheduleOutcome
 from optimizer.tune_strategy.mixin.find_max_batch_size_mixin import FindMaxBatchSizeMixin
-from optimizer.vocab import EAGER_GATES, WORKFLOWS, Device
+from optimizer.vocab import EAGER_GATES, PRECISIONS, WORKFLOWS, Device
 
 
 class TuneStrategy(FindMaxBatchSizeMixin, ABC):
@@ -64,10 +65,37 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
     def _candidate_backends(self, ctx: TuneContext) -> list[Backend]:
         return self.candidate_backends(ctx.model.module, ctx.device)
 
-    def backends_for_run(self, module: Any, device: Device | str, precision: str, cache_root: Path | None) -> list[Backend]:
-        """The candidates as a run configures them (its --precision, caches under its cache root): what `tune`
-        hands the scheduler and what `inspect` lists, from this one place."""
-        return [b.for_run(precision, cache_root) for b in self.candidate_backends(module, device)]
+    def backends_for_run(self, module: Any, device: Device | str, precision: str, cache_root: Path | None,
+                         calibration: str | None = None) -> list[Backend]:
+        """The candidates as a run configures them: one per (backend, precision) pair of its --precision (see
+        precision.run_precisions), INT8 ones calibrated on `calibration`, caches under its cache root. What `tune`
+        hands the scheduler and what `inspect` lists, from this one place.
+
+        Under `auto` a backend is paired only with the precisions it builds, and a backend that computes bf16 by
+        default on a bf16 CPU (OpenVINO) gets no fp32 candidate there: it would be its bf16 candidate in disguise.
+        A named precision pairs every backend with it, and availability() refuses the ones that cannot build it."""
+        kind = Device.of(device).kind
+        precisions, _ = run_precisions(precision, str(device), calibration is not None, native_bf16())
+        out = []
+        for b in self.candidate_backends(module, device):
+            builds = b.precisions.get(kind, frozenset({"fp32"}))
+            for p in precisions:
+                if precision == "auto" and p not in builds:
+                    continue
+                if precision == "auto" and p == "fp32" and "bf16" in precisions and "bf16" in builds and b.computes_bf16_by_default:
+                    continue
+                out.append(b.for_run(p, cache_root, calibration if p == "int8" else None))
+        return out
+
+    def precision_notes(self, ctx: TuneContext, backends: Sequence[Backend]) -> list[str]:
+        """One sentence per precision `auto` left out, and per backend whose fp32 candidate it left out, with the reason."""
+        _, notes = run_precisions(ctx.precision, str(ctx.device), ctx.calibration is not None, native_bf16())
+        built = {(b.name, b.settings["precision"]) for b in backends}
+        for name in sorted({b.name for b in backends if b.computes_bf16_by_default}):
+            if ctx.precision == "auto" and (name, "bf16") in built and (name, "fp32") not in built:
+                notes.append(f"{name} has no fp32 candidate: on this CPU it computes in bf16 by default and Triton's {name} "
+                             "backend cannot ask for f32, so its bf16 candidate (judged by the accuracy gate) stands for it")
+        return notes
 
     def wants_eager(self, model_format: str) -> bool:
         """Whether eager PyTorch is measured as the bar: the gate is not disabled and the model is a torch module."""
@@ -103,7 +131,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         target Triton release cannot load (`release_gate`) are skipped with the reason before anything is built.
         """
         t0 = time.perf_counter()
-        backends = self.backends_for_run(ctx.model.module, ctx.device, ctx.precision, ctx.cache_root)
+        backends = self.backends_for_run(ctx.model.module, ctx.device, ctx.precision, ctx.cache_root, ctx.calibration)
         if not backends:
             raise NoCandidateError(
                 "no candidate backends: the strategy was given an empty list; name at least one with --backend "
@@ -112,11 +140,12 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         deadline = time.time() + ctx.time_budget_s if ctx.time_budget_s else None
         scheduler = CandidateScheduler(ctx, self.batch_policy(ctx.recorded_batch_sizes), self.memory_budget_mb, deadline)
         refused = self._release_refusals(backends, ctx)
-        runnable = [b for b in backends if b.name not in refused]
+        runnable = [b for b in backends if b.candidate_name(ctx.device) not in refused]
         run = scheduler.run(runnable, measure_eager=self.wants_eager(ctx.model.format)) if runnable else ScheduleOutcome([], None, False)
-        order = {b.name: i for i, b in enumerate(backends)}
-        candidates = sorted([*refused.values(), *run.candidates], key=lambda c: order.get(c.backend, len(order)))
+        order = {b.candidate_name(ctx.device): i for i, b in enumerate(backends)}
+        candidates = sorted([*refused.values(), *run.candidates], key=lambda c: order.get(c.name, len(order)))
         warnings: list[str] = []
+        precision_notes = self.precision_notes(ctx, backends)
         share = scheduler.core_share
         if share is not None and share.reduced:
             warnings.append(f"{share.summary()}.")
@@ -127,7 +156,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             passed = [c for c in candidates if c.passed]
             settled = self._settle(scheduler, passed)
             selected, reason = self._select(passed, run.eager, warnings, settled)
-            warnings += self._mismatch_warnings(selected, backends)
+            warnings += self._mismatch_warnings(selected, backends, ctx.device)
             ctx.on_event(Event("select", "done" if selected else "failed", selected.name if selected else "", reason))
         libraries: dict[str, str] = {}
         for c in [*candidates, *([run.eager] if run.eager else [])]:
@@ -156,6 +185,9 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             comparison=settled.to_json() if not run.interrupted and settled is not None else None,
             triton_release=self.release_gate.to_json(backends) if self.release_gate is not None else None,
             measured_on=share.to_json() if share is not None else None,
+            precision=({"requested": ctx.precision, "candidates": sorted({b.settings["precision"] for b in backends}, key=PRECISIONS.index),
+                        "left_out": precision_notes, "accuracy_budget": ctx.accuracy.to_json()}
+                       if ctx.precision != "fp32" else None),
         )
 
     def _release_refusals(self, backends: Sequence[Backend], ctx: TuneContext) -> dict[str, Candidate]:
@@ -170,13 +202,13 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             check = self.release_gate.refusal(b) if ctx.model.format in b.consumes else None
             if check is not None:
                 name = b.candidate_name(ctx.device)
-                refused[b.name] = Candidate(name, b.name, str(ctx.device), status="skipped", stage="release", reason=check.message())
+                refused[name] = Candidate(name, b.name, str(ctx.device), status="skipped", stage="release", reason=check.message())
                 ctx.on_event(Event("build", "skipped", name, check.message()))
         return refused
 
-    def _mismatch_warnings(self, selected: Candidate | None, backends: Sequence[Backend]) -> list[str]:
+    def _mismatch_warnings(self, selected: Candidate | None, backends: Sequence[Backend], device: Device | str) -> list[str]:
         """One warning per check --allow-version-mismatch let through for the published candidate."""
-        backend = next((b for b in backends if selected is not None and b.name == selected.backend), None)
+        backend = next((b for b in backends if selected is not None and b.candidate_name(device) == selected.name), None)
         if self.release_gate is None or backend is None:
             return []
         release = self.release_gate.release.release
@@ -188,7 +220,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         """The tolerance overrides the selected candidate was checked with (validation reuses them)."""
         precision = "fp32"
         if selected is not None and selected.artifact is not None:
-            precision = selected.artifact.metadata.get("precision", ctx.precision)
+            precision = selected.artifact.metadata.get("precision", "fp32")
         return tolerances_to_json(precision_tolerances(ctx.signature, precision, ctx.tolerances))
 
     def _beats_eager(self, cand: Candidate, eager: Candidate | None) -> bool | None:
