@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.backend import backend_named
-from optimizer.backend.precision import check_precision
+from optimizer.backend.precision import check_precision, refusal
 from optimizer.errors import SettingsError
 from optimizer.machine import cache_root
 from optimizer.model.signature import InputSpec, parse_input_spec, parse_output_names, parse_value_range
@@ -62,8 +62,12 @@ def build_release_gate(settings: ExportSettings) -> ReleaseGate:
 def _check_explicit_backends(settings: ExportSettings, gate: ReleaseGate) -> None:
     """An explicit --backend the target release cannot load is refused now, in one line naming both versions and the fix."""
     precision = settings.precision if settings.precision != "auto" else "fp32"  # auto's other precisions are checked as candidates
+    kind = Device.parse(settings.device).kind
     for name in settings.backend:
         backend = backend_named(name).for_run(precision)
+        builds = backend.precisions.get(kind, frozenset({"fp32"}))
+        if kind in backend.devices and precision not in builds:  # named on purpose: refused now, not after the other candidates ran
+            raise SettingsError(refusal(name, kind, precision, builds))
         if gate.onnx_model is not None and "onnx" not in backend.consumes:
             continue  # it cannot build from an ONNX model at all; screening says so
         check = gate.refusal(backend)

@@ -66,7 +66,7 @@ class OnnxRuntimeBackend(Backend):
         if self.settings["precision"] == "int8":
             fp32 = workdir / "fp32" / "model.onnx"  # intermediate, removed once the QDQ model is written
             meta = export_onnx(model, signature, fp32, batch_range[1], self.settings["opset"])
-            meta.update(quantize_qdq(fp32, path, self.settings["calibration"]), files=[path.name])
+            meta.update(quantize_qdq(fp32, path, self.settings["calibration"]), files=[path.name], precision="int8")
             shutil.rmtree(fp32.parent, ignore_errors=True)
         else:
             meta = export_onnx(model, signature, path, batch_range[1], self.settings["opset"], precision=self.settings["precision"])
