@@ -183,7 +183,7 @@ def test_a_broken_accuracy_check_stops_the_run_before_anything_is_built(check, m
 
 # -- end to end on a small model: export, load in the local tritonserver, answer within the gate ------------------
 def _report(root: Path) -> dict:
-    return json.loads(next(root.glob("aitune-reports/*/report.json")).read_text())
+    return json.loads(next(root.glob("aitune-reports/*/report.json")).read_text())["result"]
 
 
 def _candidate(report: dict, name: str) -> dict:
@@ -285,3 +285,39 @@ def test_precision_fp32_reproduces_todays_output(in_tmp: Path):
     config = next((in_tmp / "repo").glob("*/config.pbtxt")).read_text()
     assert config.startswith("name: ") and "# precision" not in config
     assert "## Precision" not in next(in_tmp.glob("aitune-reports/*/report.md")).read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not BF16_NATIVE, reason="OpenVINO's bf16 shape-order trap needs a CPU with native bf16 (AVX512-BF16 or AMX); this one has none")
+def test_openvino_bf16_shape_order_trap_is_caught_and_the_max_shape_warmup_is_proven_served(in_tmp: Path):
+    """OpenVINO 2026.2 in bf16 answers NaN at length 128 after the same compiled model ran length 1. Without the warmup
+    the gate's short-long-short order catches it; with the max-shape warmup (in-process and as model_warmup in the
+    config) the candidate passes, and the served model passes the same gate in the same order."""
+    from optimizer.backend.openvino import OpenVinoRunner
+    from optimizer.model.samples import load_feeds
+    from optimizer.records.artifact import Artifact
+
+    r = run_cli("export", "optimizer.examples.transformer:build", "--input", "input_ids:int64:1-128", "--value-range", "input_ids:0:999",
+                "--backend", "openvino", "--precision", "bf16", "--max-batch-size", "2", "--repository", "repo",
+                "--validate", "--validate-concurrency", "1:1", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    report = _report(in_tmp)
+    cand = _candidate(report, "openvino[cpu,bf16]")
+    assert cand["status"] == "passed" and cand["artifact"]["metadata"]["warmup"] == "max_shape"
+    order = cand["correctness"]["accuracy"]["order"]
+    assert order[0].endswith("axes=min") and "axes=max" in order[len(order) // 2] and order[-1].endswith("axes=min (again)")
+    config = next((in_tmp / "repo").glob("*/config.pbtxt")).read_text()
+    assert "model_warmup" in config
+    validation = json.loads(next(in_tmp.glob("aitune-reports/*/validation.json")).read_text())
+    assert validation["status"] == "passed" and validation["answers"][0]["accuracy"]["order"] == order
+
+    artifact = Artifact.from_json(cand["artifact"])
+    feeds, refs = load_feeds(Path(report["reference"]["feeds"])), load_feeds(Path(report["reference"]["outputs"]))
+    points = report["reference"]["points"]
+    sizes = [int(f["input_ids"].size) for f in feeds]
+    props = {k: v for k, v in artifact.metadata["runtime_properties"].items()}
+    with OpenVinoRunner(artifact, props, warm_max_shape=False) as runner:
+        got = [{"output__0": np.array(runner.infer(feeds[i])[0])} for i in server_order(sizes)]
+    verdict = judge(["output__0"], [points[i] for i in server_order(sizes)], [refs[i] for i in server_order(sizes)], got,
+                    AccuracyBudget(), batching=True)
+    assert not verdict.passed and "NaN" in verdict.reason, "without the warmup the gate catches the trap"

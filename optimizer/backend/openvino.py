@@ -24,7 +24,7 @@ from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.onnx_export import DEFAULT_OPSET, export_onnx
 from optimizer.errors import BackendError
 from optimizer.machine import cpu_cores, native_bf16
-from optimizer.model.samples import Feed, load_feeds
+from optimizer.model.samples import Feed, ShapePoint, generate_feed, load_feeds
 from optimizer.model.signature import Signature
 from optimizer.records.artifact import Artifact
 
@@ -105,6 +105,9 @@ class OpenVinoBackend(Backend):
         shutil.rmtree(onnx_dir, ignore_errors=True)
         precision = _precision_name(core.compile_model(str(xml), DEVICE, self.properties()).get_property("INFERENCE_PRECISION_HINT"))
         note = ""
+        # bf16 on this CPU after a short shape returns NaN for a long one (OpenVINO 2026.2/2026.4); longest first is fine:
+        # the runner and the published config (model_warmup) run the max shape before anything else
+        warmup = {"warmup": "max_shape"} if wanted != "fp32" and precision == "bf16" and signature.is_dynamic else {}
         if wanted == "bf16" and not native_bf16():
             note = "bf16 is emulated on this CPU (no AVX512-BF16 or AMX): expect it to be slower than fp32"
         elif wanted == "fp32" and precision != "f32":
@@ -125,6 +128,7 @@ class OpenVinoBackend(Backend):
                 **({"precision": wanted} if wanted != "fp32" else {}),
                 "inference_precision": precision,
                 **quantized,
+                **warmup,
                 "numerics_note": note,
                 "runtime_properties": self.properties(),
                 **self.versions(),
@@ -133,7 +137,7 @@ class OpenVinoBackend(Backend):
         )
 
     def load(self, artifact: Artifact, device: str, model: LoadedModel | None = None) -> Runner:
-        return OpenVinoRunner(artifact, self.properties())
+        return OpenVinoRunner(artifact, self.properties(), warm_max_shape=artifact.metadata.get("warmup") == "max_shape")
 
     def triton_settings(self, artifact: Artifact) -> dict[str, Any]:
         params = runtime_properties(self.settings["performance_hint"])
@@ -154,8 +158,9 @@ class OpenVinoBackend(Backend):
 class OpenVinoRunner(Runner):
     """One compiled model and one infer request, with the properties the Triton config carries."""
 
-    def __init__(self, artifact: Artifact, properties: dict[str, str]) -> None:
+    def __init__(self, artifact: Artifact, properties: dict[str, str], warm_max_shape: bool = False) -> None:
         super().__init__(Signature.from_json(artifact.signature))
+        self._warm_max_shape = warm_max_shape  # as the published config's model_warmup: the max shape runs first
         self._path = artifact.path
         self._properties = properties
         self._compiled: Any = None
@@ -171,6 +176,8 @@ class OpenVinoRunner(Runner):
             raise BackendError(f"OpenVINO could not compile {self._path.name}: {_first_line(err)}") from err
         self._request = self._compiled.create_infer_request()
         self._outputs = [self._compiled.output(name) for name in self.signature.output_names]
+        if self._warm_max_shape:
+            self._request.infer(generate_feed(self.signature, ShapePoint(1 if self.signature.batching else 0, "max"), seed=11))
 
     def _deactivate(self) -> None:
         self._request = self._compiled = None

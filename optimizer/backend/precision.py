@@ -10,8 +10,9 @@ to TensorRT 10, TensorRT 11 and ONNX Runtime.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Sequence
 
 from optimizer.errors import BackendError, SettingsError
 from optimizer.vocab import PRECISION_CHOICES, PRECISIONS, Device
@@ -67,6 +68,48 @@ def run_precisions(precision: str, device: str, real_samples: bool, bf16_native:
         notes.append("INT8 was left out: only generated inputs, and a calibration on random data says nothing about accuracy "
                      "(give --samples or --calibration-samples to include it)")
     return tuple(chosen), notes
+
+
+def precision_pairs(backends: Sequence[Any], device: Any, precision: str, cache_root: Path | None, calibration: str | None,
+                    bf16_native: bool) -> list[Any]:
+    """Each backend paired with each precision the run builds, as a configured Backend (a candidate of its own).
+
+    Under `auto` a backend is paired only with the precisions it builds, and one that computes bf16 by default on
+    a bf16 CPU (OpenVINO) gets no fp32 candidate there: it would be its bf16 candidate in disguise. A named
+    precision pairs every backend with it, and availability() refuses the ones that cannot build it.
+    """
+    kind = Device.of(device).kind
+    precisions, _ = run_precisions(precision, str(device), calibration is not None, bf16_native)
+    out = []
+    for b in backends:
+        builds = b.precisions.get(kind, frozenset({"fp32"}))
+        for p in precisions:
+            if precision == "auto" and p not in builds:
+                continue
+            if precision == "auto" and p == "fp32" and "bf16" in precisions and "bf16" in builds and b.computes_bf16_by_default:
+                continue
+            out.append(b.for_run(p, cache_root, calibration if p == "int8" else None))
+    return out
+
+
+def left_out(backends: Sequence[Any], device: Any, precision: str, real_samples: bool, bf16_native: bool) -> list[str]:
+    """One sentence per precision `auto` left out, and per backend whose fp32 candidate it left out, with the reason."""
+    _, notes = run_precisions(precision, str(device), real_samples, bf16_native)
+    built = {(b.name, b.settings["precision"]) for b in backends}
+    for name in sorted({b.name for b in backends if b.computes_bf16_by_default}):
+        if precision == "auto" and (name, "bf16") in built and (name, "fp32") not in built:
+            notes.append(f"{name} has no fp32 candidate: on this CPU it computes in bf16 by default and Triton's {name} "
+                         "backend cannot ask for f32, so its bf16 candidate (judged by the accuracy gate) stands for it")
+    return notes
+
+
+def precision_record(precision: str, backends: Sequence[Any], notes: list[str], budget: dict[str, Any]) -> dict[str, Any] | None:
+    """report.json's `precision` block: requested, the candidates' precisions, what auto left out and why, the gate's
+    budget; None for --precision fp32 (its report keeps the keys it always had)."""
+    if precision == "fp32":
+        return None
+    built = sorted({b.settings["precision"] for b in backends}, key=PRECISIONS.index)
+    return {"requested": precision, "candidates": built, "left_out": notes, "accuracy_budget": budget}
 
 
 def refusal(backend: str, device_kind: str, precision: str, supported: frozenset[str]) -> str:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Sequence
 from optimizer.backend import Backend
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
-from optimizer.backend.precision import run_precisions
+from optimizer.backend.precision import left_out, precision_pairs, precision_record
 from optimizer.machine import environment, native_bf16
 from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import tolerances_to_json
@@ -26,7 +26,7 @@ from optimizer.task.paired import PairedComparison, close_contenders
 from optimizer.task.release_gate import ReleaseGate
 from optimizer.task.scheduler import CandidateScheduler, ScheduleOutcome
 from optimizer.tune_strategy.mixin.find_max_batch_size_mixin import FindMaxBatchSizeMixin
-from optimizer.vocab import EAGER_GATES, PRECISIONS, WORKFLOWS, Device
+from optimizer.vocab import EAGER_GATES, WORKFLOWS, Device
 
 
 class TuneStrategy(FindMaxBatchSizeMixin, ABC):
@@ -67,35 +67,10 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
 
     def backends_for_run(self, module: Any, device: Device | str, precision: str, cache_root: Path | None,
                          calibration: str | None = None) -> list[Backend]:
-        """The candidates as a run configures them: one per (backend, precision) pair of its --precision (see
-        precision.run_precisions), INT8 ones calibrated on `calibration`, caches under its cache root. What `tune`
-        hands the scheduler and what `inspect` lists, from this one place.
-
-        Under `auto` a backend is paired only with the precisions it builds, and a backend that computes bf16 by
-        default on a bf16 CPU (OpenVINO) gets no fp32 candidate there: it would be its bf16 candidate in disguise.
-        A named precision pairs every backend with it, and availability() refuses the ones that cannot build it."""
-        kind = Device.of(device).kind
-        precisions, _ = run_precisions(precision, str(device), calibration is not None, native_bf16())
-        out = []
-        for b in self.candidate_backends(module, device):
-            builds = b.precisions.get(kind, frozenset({"fp32"}))
-            for p in precisions:
-                if precision == "auto" and p not in builds:
-                    continue
-                if precision == "auto" and p == "fp32" and "bf16" in precisions and "bf16" in builds and b.computes_bf16_by_default:
-                    continue
-                out.append(b.for_run(p, cache_root, calibration if p == "int8" else None))
-        return out
-
-    def precision_notes(self, ctx: TuneContext, backends: Sequence[Backend]) -> list[str]:
-        """One sentence per precision `auto` left out, and per backend whose fp32 candidate it left out, with the reason."""
-        _, notes = run_precisions(ctx.precision, str(ctx.device), ctx.calibration is not None, native_bf16())
-        built = {(b.name, b.settings["precision"]) for b in backends}
-        for name in sorted({b.name for b in backends if b.computes_bf16_by_default}):
-            if ctx.precision == "auto" and (name, "bf16") in built and (name, "fp32") not in built:
-                notes.append(f"{name} has no fp32 candidate: on this CPU it computes in bf16 by default and Triton's {name} "
-                             "backend cannot ask for f32, so its bf16 candidate (judged by the accuracy gate) stands for it")
-        return notes
+        """The candidates as a run configures them: one per (backend, precision) pair of its --precision (INT8 ones
+        calibrated on `calibration`), caches under its cache root. What `tune` hands the scheduler and what `inspect`
+        lists, from this one place (backend/precision.py's precision_pairs)."""
+        return precision_pairs(self.candidate_backends(module, device), device, precision, cache_root, calibration, native_bf16())
 
     def wants_eager(self, model_format: str) -> bool:
         """Whether eager PyTorch is measured as the bar: the gate is not disabled and the model is a torch module."""
@@ -145,7 +120,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         order = {b.candidate_name(ctx.device): i for i, b in enumerate(backends)}
         candidates = sorted([*refused.values(), *run.candidates], key=lambda c: order.get(c.name, len(order)))
         warnings: list[str] = []
-        precision_notes = self.precision_notes(ctx, backends)
+        precision_notes = left_out(backends, ctx.device, ctx.precision, ctx.calibration is not None, native_bf16())
         share = scheduler.core_share
         if share is not None and share.reduced:
             warnings.append(f"{share.summary()}.")
@@ -185,9 +160,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             comparison=settled.to_json() if not run.interrupted and settled is not None else None,
             triton_release=self.release_gate.to_json(backends) if self.release_gate is not None else None,
             measured_on=share.to_json() if share is not None else None,
-            precision=({"requested": ctx.precision, "candidates": sorted({b.settings["precision"] for b in backends}, key=PRECISIONS.index),
-                        "left_out": precision_notes, "accuracy_budget": ctx.accuracy.to_json()}
-                       if ctx.precision != "fp32" else None),
+            precision=precision_record(ctx.precision, backends, precision_notes, ctx.accuracy.to_json()),
         )
 
     def _release_refusals(self, backends: Sequence[Backend], ctx: TuneContext) -> dict[str, Candidate]:
