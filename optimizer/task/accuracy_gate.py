@@ -54,13 +54,13 @@ def is_class_scores(ref: np.ndarray, batching: bool) -> bool:
 def load_check(spec: str) -> Callable[[list[Outputs], list[Outputs]], Any]:
     """The user's `module:function` (or path/to/file.py:function); one SettingsError line when it cannot be imported."""
     from optimizer.errors import ModelLoadError
-    from optimizer.model.source import _import_target
+    from optimizer.model.source import import_target
 
     target, _, attr = str(spec).rpartition(":")
     if not target or not attr:
         raise SettingsError(f"--accuracy-check {spec!r} is not module:function or path/to/file.py:function.")
     try:
-        module = _import_target(target, spec)
+        module = import_target(target, spec)
     except ModelLoadError as err:
         raise SettingsError(f"--accuracy-check {spec!r}: {err}") from err
     fn = getattr(module, attr, None)
