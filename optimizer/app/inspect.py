@@ -15,17 +15,17 @@ from typing import Any
 
 from optimizer.app.plan import plan_run
 from optimizer.backend import EAGER, backend_named
+from optimizer.backend.precision import run_precisions
+from optimizer.machine import native_bf16
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, correctness_points, load_npz
 from optimizer.model.signature import Signature, TensorSpec
 from optimizer.model.source import load_model
 from optimizer.settings import ExportSettings
-from optimizer.backend.precision import run_precisions
-from optimizer.machine import native_bf16
 from optimizer.task.correctness import DEFAULT_TOLERANCES, precision_tolerances
-from optimizer.vocab import PRECISIONS
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.screening import screen
+from optimizer.vocab import PRECISIONS
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from optimizer.errors import SettingsError, first_line
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, ModelSource, load_source
-from optimizer.records.candidate import Candidate
 from optimizer.records.accuracy import AccuracyBudget
+from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import CorrectnessReport, tolerances_from_json
 from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
 from optimizer.task.correctness import compare_outputs

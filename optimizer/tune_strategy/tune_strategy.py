@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from optimizer.backend import Backend
+from optimizer.backend.precision import left_out, precision_pairs, precision_record
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
-from optimizer.backend.precision import left_out, precision_pairs, precision_record
 from optimizer.machine import environment, native_bf16
 from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import tolerances_to_json
