@@ -34,6 +34,8 @@ from optimizer.model.samples import ShapePoint, generate_feed, save_feeds  # noq
 from optimizer.model.signature import parse_value_range  # noqa: E402
 from optimizer.model.source import load_model  # noqa: E402
 from optimizer.records.tune_result import TuneResult  # noqa: E402
+from optimizer.triton.local_serving import local_config, needs_translation, private_model  # noqa: E402
+from optimizer.triton.model_config import canonical, parse  # noqa: E402
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer, write_input_data  # noqa: E402
 from optimizer.triton.publish import PublishOptions, publish  # noqa: E402
 from optimizer.triton.server import LocalTritonServer  # noqa: E402
@@ -72,20 +74,25 @@ def export(spec: str, extra: list[str], root: Path, int8: bool) -> dict:
 
 
 def served(root: Path, names: list[str], concurrency: int, rounds: int) -> dict[str, list[float]]:
-    """perf_analyzer throughput of each model, alternating A B B A ... at one concurrency."""
+    """perf_analyzer throughput of each model, alternating A B B A ... at one concurrency. A platform the local 2.51
+    core does not know (torch_aoti) is served from a translated private copy, as `aitune-export validate` does."""
     reference = load_export_reference(root / "report" / "report.json")
     out: dict[str, list[float]] = {n: [] for n in names}
-    with LocalTritonServer(root / "repo", log_path=root / "tritonserver.log") as server:
+    repo = root / "served"
+    for n in names:
+        config = parse((root / "repo" / n / "config.pbtxt").read_text())
+        private_model(root / "repo" / n, repo, n, canonical(local_config(config) if needs_translation(config) else config))
+    with LocalTritonServer(repo, log_path=root / "tritonserver.log") as server:
+        data = {}
         for n in names:
             server.load(n)
-        config = server.client("http").get_model_config(names[0])
-        feeds, _, _ = reference_feeds(reference, config)
-        rows = [{k: v[i:i + 1] for k, v in f.items()} for f in feeds for i in range(next(iter(f.values())).shape[0])]
-        data = write_input_data(root / "input.json", rows, batching=True)
+            feeds, _, _ = reference_feeds(reference, server.client("http").get_model_config(n))
+            rows = [{k: v[i:i + 1] for k, v in f.items()} for f in feeds for i in range(next(iter(f.values())).shape[0])]
+            data[n] = write_input_data(root / f"input-{n}.json", rows, batching=True)
         settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), protocol="grpc")
         for r in range(rounds):
             for n in (names if r % 2 == 0 else list(reversed(names))):
-                row = run_perf_analyzer(n, server.grpc_url, data, root / "perf" / f"{n}-{r}", settings).rows[0]
+                row = run_perf_analyzer(n, server.grpc_url, data[n], root / "perf" / f"{n}-{r}", settings).rows[0]
                 out[n].append(row.throughput)
                 print(f"  round {r + 1} {n:<8} {row.throughput:8.1f} infer/s  p95 {row.p95_ms:7.1f} ms", flush=True)
     return out
