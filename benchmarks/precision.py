@@ -36,7 +36,13 @@ from optimizer.model.source import load_model  # noqa: E402
 from optimizer.records.tune_result import TuneResult  # noqa: E402
 from optimizer.triton.local_serving import local_config, needs_translation, private_model  # noqa: E402
 from optimizer.triton.model_config import canonical, parse  # noqa: E402
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer, write_input_data  # noqa: E402
+from optimizer.triton.perf_analyzer import (  # noqa: E402
+    ConcurrencyRange,
+    PerfAnalyzerFailed,
+    PerfSettings,
+    run_perf_analyzer,
+    write_input_data,
+)
 from optimizer.triton.publish import PublishOptions, publish  # noqa: E402
 from optimizer.triton.server import LocalTritonServer  # noqa: E402
 from optimizer.triton.validation.checks import reference_feeds  # noqa: E402
@@ -89,12 +95,21 @@ def served(root: Path, names: list[str], concurrency: int, rounds: int) -> dict[
             feeds, _, _ = reference_feeds(reference, server.client("http").get_model_config(n))
             rows = [{k: v[i:i + 1] for k, v in f.items()} for f in feeds for i in range(next(iter(f.values())).shape[0])]
             data[n] = write_input_data(root / f"input-{n}.json", rows, batching=True)
-        settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), protocol="grpc")
+        settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), protocol="grpc",
+                                measurement_interval_ms=3000, stability_percentage=100)
         for r in range(rounds):
+            pair = {}
             for n in (names if r % 2 == 0 else list(reversed(names))):
-                row = run_perf_analyzer(n, server.grpc_url, data[n], root / "perf" / f"{n}-{r}", settings).rows[0]
-                out[n].append(row.throughput)
+                try:
+                    row = run_perf_analyzer(n, server.grpc_url, data[n], root / "perf" / f"{n}-{r}", settings).rows[0]
+                except PerfAnalyzerFailed as err:  # a window that never settled on a busy machine: this round is dropped
+                    print(f"  round {r + 1} {n:<8} not settled ({str(err)[:80]}); round dropped", flush=True)
+                    break
+                pair[n] = row.throughput
                 print(f"  round {r + 1} {n:<8} {row.throughput:8.1f} infer/s  p95 {row.p95_ms:7.1f} ms", flush=True)
+            if len(pair) == len(names):  # only rounds where both were measured count (ABBA pairs)
+                for n, value in pair.items():
+                    out[n].append(value)
     return out
 
 
@@ -127,7 +142,8 @@ def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
         print(f"  served: reduced = {chosen['name']} (max batch {result.max_batch_size}), fp32 = {fp32['name']} "
               f"(max batch {fp32['decision']['max_batch_size']}), concurrency {concurrency}", flush=True)
         tput = served(root, ["fp32", "reduced"], concurrency, rounds)
-        ratio = statistics.median(tput["reduced"]) / statistics.median(tput["fp32"])
+        ratio = statistics.median(tput["reduced"]) / statistics.median(tput["fp32"]) if tput["fp32"] else float("nan")
+        print(f"  served over {len(tput['fp32'])} of {rounds} rounds", flush=True)
         return f"precision model={name} chosen={label} served_ratio={ratio:.2f} in_process_ratio={in_process:.2f} cosine={cosine:.6f}"
 
 
