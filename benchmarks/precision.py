@@ -1,8 +1,8 @@
 """Reduced precision on the CPU: the chosen candidate against the best fp32 one, in-process and served.
 
-Per model, one `aitune-export export` (a fresh process, `--precision auto` unless --int8 asks for
-`--precision int8` with generated samples; served search off, so both sides use the in-process rules'
-configs) builds and measures every fp32 and reduced-precision candidate side by side. The in-process
+Per model, one `aitune-export export` (a fresh process, `--precision auto`; served search off, so both sides use the in-process rules'
+configs) builds and measures every fp32 and reduced-precision candidate side by side (--int8: with generated
+samples, so INT8 candidates are built too, and the best INT8 one is compared instead of the selected one). The in-process
 ratio is the chosen candidate's best throughput over the best fp32 candidate's, from that one run. Then
 the best fp32 candidate is published from the same result beside the chosen one, both are loaded into
 one local tritonserver (stand-in backends: pip openvino / torch / onnxruntime in Triton's python backend)
@@ -73,8 +73,8 @@ def samples_for(spec: str, extra: list[str], path: Path) -> Path:
 def export(spec: str, extra: list[str], root: Path, int8: bool) -> dict:
     cmd = [sys.executable, "-m", "optimizer.cli", "-q", "export", spec, *extra, "--repository", str(root / "repo"),
            "--report-dir", str(root / "report"), "--cache-dir", str(root / "cache"), "--serve-search", "off", "--name", "reduced"]
-    if int8:
-        cmd += ["--precision", "int8", "--samples", str(samples_for(spec, extra, root / "samples.npz"))]
+    if int8:  # auto with real samples: fp32, bf16 where native and INT8 candidates side by side
+        cmd += ["--samples", str(samples_for(spec, extra, root / "samples.npz"))]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
     return json.loads((root / "report" / "report.json").read_text())
 
@@ -120,6 +120,17 @@ def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
         doc = export(spec, extra, root, int8)
         result = TuneResult.from_json(doc["result"])
         cands = {c["name"]: c for c in doc["result"]["candidates"]}
+        passed = [c for c in cands.values() if c["status"] == "passed"]
+        if int8:  # the best INT8 candidate, whichever precision the export selected
+            best_int8 = max((c for c in passed if precision_of(c) == "int8"), key=lambda c: c["decision"]["profiles"] and
+                            max(p["throughput"] for p in c["decision"]["profiles"]), default=None)
+            if best_int8 is None:
+                return f"precision model={name} chosen=none/int8 served_ratio=nan in_process_ratio=nan cosine=nan (no INT8 candidate passed)"
+            if best_int8["name"] != result.selected:
+                (root / "repo" / "reduced").rename(root / "selected")
+                publish(replace(result, selected=best_int8["name"], max_batch_size=best_int8["decision"]["max_batch_size"]),
+                        PublishOptions(root / "repo", "reduced"))
+            result = replace(result, selected=best_int8["name"], max_batch_size=best_int8["decision"]["max_batch_size"])
         chosen = cands[result.selected]
         fp32 = max((c for c in cands.values() if c["status"] == "passed" and precision_of(c) == "fp32"),
                    key=lambda c: max((p["throughput"] for p in c["decision"]["profiles"]), default=0.0), default=None)
@@ -150,7 +161,7 @@ def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    parser.add_argument("--int8", action="store_true", help="--precision int8 with generated samples instead of auto")
+    parser.add_argument("--int8", action="store_true", help="give generated samples (auto then adds INT8) and compare the best INT8 candidate with fp32")
     parser.add_argument("--concurrency", type=int, default=8, help="perf_analyzer's concurrency for both models")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (A B B A ...); medians are compared")
     args = parser.parse_args()
