@@ -228,7 +228,7 @@ def export_many(ctx: click.Context, plan: str, report_dir: str | None, index: in
 @click.option("--check-imports/--no-check-imports", default=False, show_default=True,
               help="Also import the slow-to-import libraries (torch) instead of only finding them.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="Check availability at this --precision (CPU candidates run fp32 only).")
+              help="Check availability at this --precision (CPU: fp32, bf16, int8; CUDA: fp32, fp16, bf16).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def backends(device: str, check_imports: bool, precision: str, as_json: bool) -> None:
     """List every backend and whether it can run here (with the reason when it cannot)."""

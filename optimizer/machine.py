@@ -41,6 +41,26 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+"""/proc/cpuinfo flags of CPUs that compute bf16 natively (AVX512-BF16, AMX); without them bf16 is emulated."""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware: --precision auto adds bf16 candidates only then."""
+    return bool(cpu_flags() & set(BF16_CPU_FLAGS))
+
+
 def machine_fingerprint() -> str:
     """Measurements are only comparable on the same CPU model, core count and host."""
     return f"{platform.node()}|{cpu_model()}|{cpu_cores()}|{platform.machine()}"

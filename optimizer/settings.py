@@ -15,7 +15,7 @@ from typing import Any
 import tomllib
 
 from optimizer.errors import SettingsError
-from optimizer.vocab import EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISIONS, STRATEGY_NAMES, WORKFLOWS
+from optimizer.vocab import EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISION_CHOICES, STRATEGY_NAMES, WORKFLOWS
 
 DEFAULT_TRITON_RELEASE = "26.07"
 """--triton-release's default: the `ARG RELEASE` docker/Dockerfile builds on, a row of records/triton_releases.py
@@ -52,7 +52,10 @@ class ExportSettings:
     backend: list[str] = _opt([], "--backend", "A candidate backend; repeat to give several (default: the strategy's defaults; see `aitune-export backends`).", multiple=True, metavar="NAME", group="Tuning")
     workflow: str = _opt("aot", "--workflow", "aot: search the max batch size; jit: measure only the batch sizes recorded in --samples.", choices=WORKFLOWS, group="Tuning")
     device: str = _opt("cpu", "--device", "Where to tune and serve: cpu or cuda[:N].", metavar="DEVICE", group="Tuning")
-    precision: str = _opt("fp32", "--precision", "Compute precision of the candidates (fp16/bf16 need --device cuda and are put into the exported graph; CPU candidates run fp32 only). Outputs are compared with the fp32 reference at the precision's tolerance.", choices=PRECISIONS, group="Tuning")
+    precision: str = _opt("auto", "--precision", "Compute precision of the candidates; each (backend, precision) pair is a candidate. auto: on the CPU fp32, plus bf16 where the CPU computes it natively (AVX512-BF16/AMX), plus int8 when --samples or --calibration-samples are given; on CUDA fp32. A named one restricts the search to it (fp16 needs --device cuda; int8 needs real samples). bf16 and int8 candidates are judged by the accuracy gate, fp32 ones by --tolerance.", choices=PRECISION_CHOICES, group="Tuning")
+    calibration_samples: str | None = _opt(None, "--calibration-samples", "An .npz of real inputs (as --samples) that INT8 candidates are calibrated on (default: --samples).", metavar="FILE", group="Tuning")
+    accuracy_budget: str | None = _opt(None, "--accuracy-budget", "The accuracy gate for bf16 and int8 candidates, against fp32 eager: least cosine similarity per output and, for class-score outputs, top-1 agreement, each in (0, 1] (default 0.999,0.99).", metavar="COSINE[,TOP1]", group="Tuning")
+    accuracy_check: str | None = _opt(None, "--accuracy-check", "Score bf16 and int8 candidates your own way: module:function or path/to/file.py:function, called with (reference, candidate), two lists of {output: array}, returning (score, passed); it decides instead of the budget.", metavar="MODULE:FUNCTION", group="Tuning")
     tolerance: list[str] = _opt([], "--tolerance", "Accept this error against the reference: ATOL[,RTOL] for every output, or NAME=ATOL[,RTOL] for one (default per dtype: fp32 1e-4,1e-4). Repeatable.", multiple=True, metavar="[NAME=]ATOL[,RTOL]", group="Tuning")
     eager_gate: str = _opt("enabled", "--eager-gate", "enabled: a winner must beat eager PyTorch (else the best deployable one is published with a warning); diagnostic: report only; disabled: do not measure eager.", choices=EAGER_GATES, group="Tuning")
     triton_release: str = _opt(DEFAULT_TRITON_RELEASE, "--triton-release", "The Triton release (YY.MM) that will serve the model: candidates it cannot load are skipped with the reason, and an explicit --backend whose artifact it cannot load (torch for .pt2, ONNX opset and IR, OpenVINO, TensorRT major.minor) is refused before anything is built (default: the release docker/Dockerfile builds on).", metavar="YY.MM", group="Tuning")

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from optimizer.errors import SettingsError
 
 DEVICE_KINDS = ("cpu", "cuda")
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+"""Precisions a candidate is built at; each (backend, precision) pair is its own candidate."""
+PRECISION_CHOICES = ("auto", *PRECISIONS)
+"""--precision values: a named precision restricts the search to it; auto lets the machine and the samples decide."""
 WORKFLOWS = ("aot", "jit")
 EAGER_GATES = ("enabled", "diagnostic", "disabled")
 PERCENTILES = (50, 90, 95, 99)

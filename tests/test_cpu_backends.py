@@ -39,7 +39,8 @@ from tests.conftest import run_cli
 CNN = "optimizer.examples.cnn:build"
 TRANSFORMER = "optimizer.examples.transformer:build"
 TRANSFORMER_ARGS = ("--input", "input_ids:int64:1-128", "--value-range", "input_ids:0:999")
-LEAN = ("--max-batch-size", "4", "--eager-gate", "disabled")
+LEAN = ("--max-batch-size", "4", "--eager-gate", "disabled", "--precision", "fp32")
+"""--precision fp32: these tests are about OpenVINO's fp32 candidate (auto would build its bf16 one on a bf16 CPU)."""
 OV_ANY_VERSION = ("--allow-version-mismatch",)
 """The pip openvino here may be newer than --triton-release's (then an explicit --backend openvino is refused); these
 tests are about OpenVINO itself, not the release gate (tests/test_triton_releases.py)."""
@@ -523,7 +524,7 @@ def test_openvino_is_served_by_its_stand_in_in_the_real_tritonserver(in_tmp: Pat
     --tolerance 0.05 admits OpenVINO's bf16 arithmetic on CPUs that have it (the default fp32 bounds reject it
     there, see README); the same tolerance is what validation compares with.
     """
-    r = run_cli("export", "--backend", "openvino", "--tolerance", "0.05", "--max-batch-size", "4", "--eager-gate", "disabled",
+    r = run_cli("export", "--backend", "openvino", "--precision", "fp32", "--tolerance", "0.05", "--max-batch-size", "4", "--eager-gate", "disabled",
                 *OV_ANY_VERSION, "--validate", "--validate-concurrency", "1:2", cwd=in_tmp)
     assert r.returncode == 0, r.stderr
     validation = json.loads((in_tmp / "aitune-reports" / "cnn" / "validation.json").read_text())

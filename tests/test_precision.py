@@ -1,5 +1,5 @@
-"""--precision: refused on the CPU with a reason (never run as fp32 under another label), put into the
-exported graph for the GPU engines, and judged at the precision's tolerance."""
+"""--precision: a precision a device or backend cannot build is refused with a reason (never run as fp32 under
+another label), put into the exported graph for the GPU engines, and judged at the precision's tolerance."""
 
 from __future__ import annotations
 
@@ -20,29 +20,48 @@ from optimizer.tune_strategy.max_throughput_strategy import MaxThroughputStrateg
 from tests.conftest import run_cli, tree_snapshot
 
 
-@pytest.mark.parametrize("args", [["--precision", "fp16"], ["--precision", "bf16", "--device", "cpu"]])
-def test_reduced_precision_on_the_cpu_is_a_usage_error(args, in_tmp: Path):
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "fp16"], "--precision fp16 needs --device cuda: CPU candidates compute in fp32, bf16, int8"),
+    (["--precision", "int8"], "--precision int8 needs real inputs to calibrate on"),
+])
+def test_a_precision_the_cpu_run_cannot_build_is_a_usage_error(args, message, in_tmp: Path):
     before = tree_snapshot(in_tmp)
     r = run_cli("export", *args, cwd=in_tmp)
     assert r.returncode == 2, r.stderr
     errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
-    assert len(errors) == 1 and "needs --device cuda: CPU candidates run fp32 only" in errors[0]
+    assert len(errors) == 1 and message in errors[0]
     assert tree_snapshot(in_tmp) == before
 
 
 def test_precision_check_before_any_work():
     check_precision("fp32", "cpu")
+    check_precision("bf16", "cpu")
+    check_precision("auto", "cpu", real_samples=False)
+    check_precision("int8", "cpu", real_samples=True)
     check_precision("bf16", "cuda:1")
-    with pytest.raises(SettingsError, match="'fp8' is not one of fp32, fp16, bf16"):
+    with pytest.raises(SettingsError, match="'fp8' is not one of auto, fp32, fp16, bf16, int8"):
         check_precision("fp8", "cuda")
+    with pytest.raises(SettingsError, match="--precision int8 is built for the CPU only"):
+        check_precision("int8", "cuda", real_samples=True)
+    with pytest.raises(SettingsError, match="give --samples FILE.npz or --calibration-samples FILE.npz"):
+        check_precision("int8", "cpu", real_samples=False)
 
 
 @pytest.mark.parametrize("name", [n for n, cls in BACKENDS.items() if "cpu" in cls.devices])
-def test_every_cpu_backend_refuses_a_reduced_precision_with_a_reason(name):
+def test_every_cpu_backend_refuses_a_precision_it_cannot_build_with_a_reason(name):
     assert backend_named(name).availability("cpu", quick=True), "fp32 stays available"
-    for precision in ("fp16", "bf16"):
+    builds = BACKENDS[name].precisions.get("cpu", frozenset({"fp32"}))
+    for precision in ("fp16", "bf16", "int8"):
+        if precision in builds:
+            continue
         av = backend_named(name, precision=precision).availability("cpu", quick=True)
-        assert not av and "CPU candidates run fp32 only" in av.reason and "--precision fp32" in av.reason
+        assert not av and f"not --precision {precision}" in av.reason and "builds fp32" in av.reason
+
+
+def test_the_cpu_backends_that_build_each_reduced_precision():
+    cpu = {n: set(cls.precisions.get("cpu", ())) for n, cls in BACKENDS.items() if "cpu" in cls.devices}
+    assert {n for n, p in cpu.items() if "bf16" in p} == {"openvino", "torchscript"}
+    assert {n for n, p in cpu.items() if "int8" in p} == {"openvino", "onnxruntime"}
 
 
 def test_a_gpu_backend_names_the_precisions_it_builds():
@@ -61,7 +80,7 @@ def test_the_strategy_applies_the_runs_precision_and_records_the_refusal(tmp_pat
     result = strategy.tune(ctx)
     assert result.selected is None
     for cand in result.candidates:
-        assert cand.status == "unavailable" and "does not run --precision fp16" in cand.reason and cand.artifact is None
+        assert cand.status == "unavailable" and "not --precision fp16" in cand.reason and cand.artifact is None
 
 
 def test_for_run_keeps_the_other_settings():

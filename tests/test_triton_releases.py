@@ -163,7 +163,9 @@ def test_openvino_ir_must_not_be_newer_than_the_release():
     newer = _gate("26.07", replace(HERE, openvino="2026.4.1")).refusal(backend_named("openvino"))
     release = RELEASES["26.07"].openvino.value
     assert "OpenVINO 2026.4.1 here" in newer.problem and f"OpenVINO {release}" in newer.problem
-    assert f"pip install 'openvino=={release}'" in newer.fix
+    assert f"pip install 'openvino=={'.'.join(str(release).split('.')[:2])}.*'" in newer.fix
+    patch = _gate("26.07", replace(HERE, openvino="2026.2.1")).refusal(backend_named("openvino"))
+    assert patch is None, "a patch release of the release's major.minor writes the IR it reads (pyproject pins 2026.2.x)"
     older = next(iter(_gate("26.08").checks(backend_named("openvino"))))
     assert older.verdict == "ok" and "older IR" in older.note
 
@@ -215,9 +217,9 @@ def test_default_candidates_the_release_cannot_load_are_skipped_with_the_reason(
     backends = strategy.candidate_backends(None)
     refused = strategy._release_refusals(backends, _tune_ctx(tmp_path))
     assert {c.status for c in refused.values()} == {"skipped"} and all(c.stage == "release" for c in refused.values())
-    assert "whether Triton 26.11 serves pytorch_libtorch is unconfirmed" in refused["torchscript"].reason
-    assert "torch-aoti" in refused and "openvino" in refused
-    assert "onnxruntime" not in refused
+    assert "whether Triton 26.11 serves pytorch_libtorch is unconfirmed" in refused["torchscript[cpu]"].reason
+    assert "torch-aoti[cpu]" in refused and "openvino[cpu]" in refused
+    assert "onnxruntime[cpu]" not in refused
     opset = next(c for c in gate.checks(next(b for b in backends if b.name == "onnxruntime")) if c.fact == "opset")
     assert opset.verdict == "ok" and "Triton 26.08 loads opset <=" in opset.note
     assert gate.to_json(backends)["facts"]["triton"]["value"] == "2.75.0"
@@ -230,7 +232,7 @@ def test_allow_version_mismatch_keeps_the_candidate_and_warns_when_it_is_publish
     assert strategy._release_refusals(strategy.candidate_backends(None), ctx) == {}
     from optimizer.records.candidate import Candidate
 
-    warnings = strategy._mismatch_warnings(Candidate("openvino[cpu]", "openvino", "cpu", "passed"), strategy.candidate_backends(None))
+    warnings = strategy._mismatch_warnings(Candidate("openvino[cpu]", "openvino", "cpu", "passed"), strategy.candidate_backends(None), "cpu")
     assert len(warnings) == 1 and "--allow-version-mismatch" in warnings[0] and "OpenVINO 2026.4.1 here" in warnings[0]
 
 

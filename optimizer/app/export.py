@@ -15,7 +15,7 @@ from optimizer.app.plan import plan_run
 from optimizer.errors import ConfigRuleError, Interrupted, NoCandidateError, PublishError, SettingsError, TemplateError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
-from optimizer.model.samples import batch_sizes_of, load_npz
+from optimizer.model.samples import batch_sizes_of, load_npz, save_feeds
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, from_module, load_model
 from optimizer.records.served_search import ServedSearch
@@ -46,6 +46,27 @@ class ExportOutcome:
     published: Published | None
     report_path: Path
     validation: Any = None
+
+
+def _calibration(settings: ExportSettings, signature: Signature, user_feeds: list[Any], directory: Path) -> str | None:
+    """The .npz INT8 candidates are calibrated on: --calibration-samples, else the user's --samples; None when the
+    run has only generated inputs (then no INT8 candidate is built)."""
+    feeds = load_npz(Path(settings.calibration_samples), signature) if settings.calibration_samples else user_feeds
+    if not feeds:
+        return None
+    path = directory / "calibration.npz"
+    save_feeds(path, feeds)
+    return str(path)
+
+
+def check_on_reference(spec: str, reference: Any, names: list[str]) -> None:
+    """Call the user's --accuracy-check with the reference as both arguments: one that raises or returns garbage
+    is a SettingsError (exit 2) before anything is built."""
+    from optimizer.model.samples import load_feeds
+    from optimizer.task.accuracy_gate import load_check, run_check
+
+    outputs = [{n: o[n] for n in names} for o in load_feeds(Path(reference.outputs))]
+    run_check(load_check(spec), spec, outputs, [dict(o) for o in outputs])
 
 
 def report_dir_for(settings: ExportSettings, name: str) -> Path:
@@ -83,6 +104,9 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         state_dict = _snapshot_weights(model, work)
     except OSError as err:
         raise SettingsError(f"could not write the report folder {str(report_dir)!r}: {err.strerror or err}; choose another --report-dir.") from err
+    calibration = _calibration(settings, signature, user_feeds, report_dir / "samples")
+    if plan.accuracy.check:  # a check that raises or answers garbage on the reference itself stops the run now
+        check_on_reference(plan.accuracy.check, reference, signature.output_names)
     on_event(Event("reference", "done", message="; ".join(reference.points)))
 
     # 4. tune
@@ -103,8 +127,14 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         on_event=on_event,
         cache=ArtifactCache(plan.cache_root) if settings.cache else None,
         cache_root=plan.cache_root,
+        accuracy=plan.accuracy,
+        calibration=calibration,
     )
     result = strategy.tune(ctx)
+    broken = next((c for c in result.candidates if c.stage == "accuracy_check"), None)
+    if broken is not None:  # the user's check failed on a candidate's outputs: nothing is published
+        write_report(report_dir / "report.json", result, settings)
+        raise SettingsError(broken.reason)
     result.model_name = name
     report_path = report_dir / "report.json"
     if result.interrupted:

@@ -15,6 +15,8 @@ from typing import Any
 
 from optimizer.app.plan import plan_run
 from optimizer.backend import EAGER, backend_named
+from optimizer.backend.precision import run_precisions
+from optimizer.machine import native_bf16
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, correctness_points, load_npz
 from optimizer.model.signature import Signature, TensorSpec
@@ -23,6 +25,7 @@ from optimizer.settings import ExportSettings
 from optimizer.task.correctness import DEFAULT_TOLERANCES, precision_tolerances
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.screening import screen
+from optimizer.vocab import PRECISIONS
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,8 @@ def inspect_model(settings: ExportSettings) -> Inspection:
         av = eager.availability(device)
         plans.append(CandidatePlan(eager.candidate_name(device), eager.name, "baseline", None, None, bool(av),
                                    av.reason or f"measured as the baseline (eager gate {strategy.eager_gate})"))
-    backends = strategy.backends_for_run(model.module, device, settings.precision, plan.cache_root)  # as export tries them
+    calibration = settings.calibration_samples or settings.samples  # INT8 candidates exist only with real samples
+    backends = strategy.backends_for_run(model.module, device, settings.precision, plan.cache_root, calibration)  # as export tries them
     gate = plan.release_gate
     for backend in backends:
         refused = gate.refusal(backend) if gate is not None and model.format in backend.consumes else None
@@ -110,6 +114,9 @@ def inspect_model(settings: ExportSettings) -> Inspection:
             "workflow": settings.workflow,
             "device": str(device),
             "precision": settings.precision,
+            "precisions": sorted({b.settings["precision"] for b in backends}, key=PRECISIONS.index),
+            "precision_left_out": run_precisions(settings.precision, str(device), calibration is not None, native_bf16())[1],
+            "accuracy_budget": plan.accuracy.to_json(),
             "eager_gate": strategy.eager_gate,
             "batch_policy": policy.to_json(),
             "memory_budget_mb": None if budget is None else round(budget),
@@ -178,6 +185,11 @@ def describe(inspection: Inspection) -> list[str]:
     prof = st["profile"]
     memory = "none" if st["memory_budget_mb"] is None else f"{st['memory_budget_mb']} MiB added per candidate while probing"
     lines += [
+        f"  precision         {st['precision']}: candidates at {', '.join(st['precisions']) or 'none'}"
+        + "".join(f"; {note}" for note in st["precision_left_out"]),
+        f"  accuracy gate     bf16/int8 candidates against fp32 eager: "
+        + (f"--accuracy-check {st['accuracy_budget']['check']} decides" if st["accuracy_budget"]["check"] else
+           f"cosine >= {st['accuracy_budget']['cosine']:g}, top-1 >= {st['accuracy_budget']['top1']:g} for class scores"),
         f"  eager gate        {st['eager_gate']}",
         f"  batch sizes       {batch}",
         f"  latency budget    {budget}",

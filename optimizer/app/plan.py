@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.backend import backend_named
-from optimizer.backend.precision import check_precision
+from optimizer.backend.precision import check_precision, refusal
 from optimizer.errors import SettingsError
 from optimizer.machine import cache_root
 from optimizer.model.signature import InputSpec, parse_input_spec, parse_output_names, parse_value_range
+from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.correctness import Tolerance
 from optimizer.records.triton_releases import release_named
 from optimizer.settings import ExportSettings
+from optimizer.task.accuracy_gate import load_check, parse_budget
 from optimizer.task.correctness import parse_tolerances
 from optimizer.task.release_gate import ReleaseGate, local_toolchain, onnx_model_versions
 from optimizer.triton.publish import PublishOptions, check_options, repository_argument
@@ -46,6 +48,7 @@ class RunPlan:
     release_gate: ReleaseGate | None = None  # --triton-release against this machine's toolchain
     repository: Path | str = Path("model_repository")  # --repository parsed once: a folder, or the s3:// URL as text
     server: Any = None  # triton.remote.ServerFacts of --url (None: the served search runs on the bundled server)
+    accuracy: AccuracyBudget = field(default_factory=AccuracyBudget)  # --accuracy-budget and --accuracy-check
 
 
 def build_release_gate(settings: ExportSettings) -> ReleaseGate:
@@ -64,8 +67,13 @@ def build_release_gate(settings: ExportSettings) -> ReleaseGate:
 
 def _check_explicit_backends(settings: ExportSettings, gate: ReleaseGate) -> None:
     """An explicit --backend the target release cannot load is refused now, in one line naming both versions and the fix."""
+    precision = settings.precision if settings.precision != "auto" else "fp32"  # auto's other precisions are checked as candidates
+    kind = Device.parse(settings.device).kind
     for name in settings.backend:
-        backend = backend_named(name).for_run(settings.precision)
+        backend = backend_named(name).for_run(precision)
+        builds = backend.precisions.get(kind, frozenset({"fp32"}))
+        if kind in backend.devices and precision not in builds:  # named on purpose: refused now, not after the other candidates ran
+            raise SettingsError(refusal(name, kind, precision, builds))
         if gate.onnx_model is not None and "onnx" not in backend.consumes:
             continue  # it cannot build from an ONNX model at all; screening says so
         check = gate.refusal(backend)
@@ -133,8 +141,13 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         cache_root=cache_root(settings.cache_dir),
         release_gate=gate,
         repository=repository_argument(settings.repository),
+        accuracy=parse_budget(settings.accuracy_budget, settings.accuracy_check),
     )
-    check_precision(settings.precision, plan.device)
+    check_precision(settings.precision, plan.device, real_samples=bool(settings.samples or settings.calibration_samples))
+    if settings.calibration_samples and not Path(settings.calibration_samples).exists():
+        raise SettingsError(f"--calibration-samples file {settings.calibration_samples!r} does not exist; give an .npz with one array per input.")
+    if settings.accuracy_check:
+        load_check(settings.accuracy_check)  # importable now; whether it answers sensibly is tried on the reference
     settings.check_serving()
     if settings.samples and not Path(settings.samples).exists():
         raise SettingsError(f"--samples file {settings.samples!r} does not exist; give an .npz with one array per input.")

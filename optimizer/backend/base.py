@@ -129,25 +129,32 @@ class Backend:
     cache_subdir: ClassVar[str | None] = None  # a folder of its own under the run's cache root (then it takes a `cache_dir` setting)
     precisions: ClassVar[Mapping[str, frozenset[str]]] = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32"})})
     """--precision values each device kind builds; anything else is refused in availability(), never run as fp32."""
+    computes_bf16_by_default: ClassVar[bool] = False
+    """Computes in bf16 on a bf16 CPU even when asked for nothing (OpenVINO): its fp32 candidate there is bf16 in disguise."""
 
     def __init__(self, **settings: Any) -> None:
         known = {"precision": "fp32", **self.default_settings}  # every backend takes the run's precision
-        unknown = set(settings) - set(known)
+        # an INT8 candidate also takes the .npz of real feeds it is calibrated on (its content keys the cache)
+        unknown = set(settings) - set(known) - ({"calibration"} if settings.get("precision") == "int8" else set())
         if unknown:
             raise BackendError(
                 f"{self.name} has no setting(s) {', '.join(sorted(unknown))}; it takes: {', '.join(known)}."
             )
         self.settings = {**known, **settings}
 
-    def for_run(self, precision: str, cache_root: Path | None = None) -> Backend:
-        """This backend with the run's --precision and, when it keeps a cache (a `cache_dir` setting the user
-        left unset), that cache under the run's one cache root; itself when nothing changes."""
-        wanted = {"precision": precision}
+    def for_run(self, precision: str, cache_root: Path | None = None, calibration: str | None = None) -> Backend:
+        """This backend at `precision` (an INT8 one calibrated on the feeds in `calibration`) and, when it keeps a
+        cache (a `cache_dir` setting the user left unset), that cache under the run's one cache root; itself when
+        nothing changes."""
+        wanted: dict[str, Any] = {"precision": precision}
+        if precision == "int8":
+            wanted["calibration"] = calibration
         if cache_root is not None and self.cache_subdir and not self.settings.get("cache_dir"):
             wanted["cache_dir"] = str(Path(cache_root) / self.cache_subdir)
         if all(self.settings.get(k) == v for k, v in wanted.items()):
             return self
-        return type(self)(**{**self.settings, **wanted})
+        settings = {k: v for k, v in self.settings.items() if k != "calibration" or precision == "int8"}
+        return type(self)(**{**settings, **wanted})
 
     def with_batch_hint(self, knee: int) -> Backend:
         """This backend told where throughput saturates (eager's measured knee); only engines that
@@ -159,8 +166,9 @@ class Backend:
         return PLATFORMS[self.triton_platform].model_filename if self.triton_platform else None
 
     def candidate_name(self, device: str) -> str:
-        """Stable name used in logs and reports, e.g. "onnxruntime[cpu]"."""
-        return f"{self.name}[{device}]"
+        """Stable name used in logs, reports and work folders: "onnxruntime[cpu]" at fp32, "openvino[cpu,bf16]" at another precision."""
+        precision = self.settings.get("precision", "fp32")
+        return f"{self.name}[{device}]" if precision == "fp32" else f"{self.name}[{device},{precision}]"
 
     slow_imports: ClassVar[tuple[str, ...]] = ()  # modules that take seconds to import (torch)
 
@@ -206,5 +214,7 @@ class Backend:
     def cache_key(self) -> str:
         """A hash of the backend's name, settings and library versions."""
         built_with = {k: v for k, v in self.settings.items() if k != "cache_dir"}  # where caches go changes no artifact
+        if built_with.get("calibration"):  # what INT8 is calibrated on changes the artifact; where the file lies does not
+            built_with["calibration"] = hashlib.sha256(Path(built_with["calibration"]).read_bytes()).hexdigest()
         blob = json.dumps({"name": self.name, "settings": built_with, "versions": self.versions()}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -35,7 +35,7 @@ class TorchScriptBackend(Backend):
     slow_imports = ("torch",)
     workflow = frozenset({"aot", "jit"})
     default_settings = {"freeze": True}
-    precisions = MappingProxyType({"cpu": frozenset({"fp32"}), "cuda": frozenset({"fp32", "fp16", "bf16"})})
+    precisions = MappingProxyType({"cpu": frozenset({"fp32", "bf16"}), "cuda": frozenset({"fp32", "fp16", "bf16"})})
 
     def _availability(self, device: str) -> Availability:
         if Device.of(device).is_cuda:

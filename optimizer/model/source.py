@@ -165,6 +165,11 @@ def _require_file(path: Path, spec: str) -> None:
         raise ModelLoadError(f"model path {str(path)!r} is a directory; give the file itself.")
 
 
+def import_target(target: str, spec: str) -> Any:
+    """The module `target` names (dotted, or path/to/file.py), imported as MODEL is; --accuracy-check uses it too."""
+    return _import_target(target, spec)
+
+
 def _import_target(target: str, spec: str) -> Any:
     if target.endswith(".py"):
         path = Path(target).resolve()

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from optimizer.records.accuracy import AccuracyReport
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -60,13 +62,17 @@ class CorrectnessCase:
 
 @dataclass
 class CorrectnessReport:
-    """Every case; truthy when all passed. `reason` names the worst failure."""
+    """Every case; truthy when all passed. `reason` names the worst failure. A reduced-precision candidate carries
+    `accuracy`, the gate's verdict, which then decides instead of the cases' elementwise tolerances."""
 
     cases: list[CorrectnessCase] = field(default_factory=list)
     error: str = ""
+    accuracy: AccuracyReport | None = None
 
     @property
     def passed(self) -> bool:
+        if self.accuracy is not None:
+            return not self.error and bool(self.cases) and self.accuracy.passed
         return not self.error and bool(self.cases) and all(c.passed for c in self.cases)
 
     def __bool__(self) -> bool:
@@ -84,6 +90,8 @@ class CorrectnessReport:
     def reason(self) -> str:
         if self.error:
             return self.error
+        if self.accuracy is not None:
+            return self.accuracy.reason
         for c in self.cases:
             for o in c.outputs:
                 if not o.passed:
@@ -98,9 +106,11 @@ class CorrectnessReport:
             "max_rel": self.max_rel,
             "error": self.error,
             "cases": [{"point": c.point, "outputs": [asdict(o) for o in c.outputs]} for c in self.cases],
+            **({"accuracy": self.accuracy.to_json()} if self.accuracy is not None else {}),
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CorrectnessReport:
         cases = [CorrectnessCase(c["point"], [OutputError(**o) for o in c["outputs"]]) for c in d.get("cases", [])]
-        return cls(cases, d.get("error", ""))
+        accuracy = AccuracyReport.from_json(d["accuracy"]) if d.get("accuracy") else None
+        return cls(cases, d.get("error", ""), accuracy)

@@ -39,6 +39,7 @@ class TuneResult:
     comparison: dict[str, Any] | None = None  # task/paired.PairedComparison: a close call re-measured in pairs
     triton_release: dict[str, Any] | None = None  # task/release_gate.ReleaseGate.to_json(): the target release's facts and checks
     measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json(): the cores every measurement ran on, and why
+    precision: dict[str, Any] | None = None  # --precision other than fp32: requested, the candidates' precisions, what auto left out and why, the gate's budget
 
     @property
     def selected_candidate(self) -> Candidate:
@@ -53,6 +54,8 @@ class TuneResult:
         d["candidates"] = [c.to_json() for c in self.candidates]
         d["eager"] = self.eager.to_json() if self.eager else None
         d["reference"] = self.reference.to_json()
+        if d["precision"] is None:  # a --precision fp32 run writes the report it always wrote
+            del d["precision"]
         return d
 
     @classmethod

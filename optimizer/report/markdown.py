@@ -90,6 +90,7 @@ def render_markdown(
         _why(result),
         _plots(result, plots),
         _candidates(result),
+        precision_section(result),
         _max_batch(result, ((published or {}).get("config") or {}).get("max_batch_size")),
         served_search_section((published or {}).get("served_search"), plots.get("served_search")),
     ]
@@ -165,6 +166,40 @@ def _candidates(result: TuneResult) -> str:
     for cand in ([result.eager] if result.eager else []) + list(result.candidates):
         rows.append(_candidate_row(cand, result))
     return "\n".join(["## Candidates", "", _table(_CANDIDATE_HEADER, rows)])
+
+
+_PRECISION_HEADER = ["candidate", "precision", "status", "best throughput (/s)", "vs best fp32", "cosine (min)", "max abs error", "top-1", "judged by"]
+
+
+def precision_section(result: TuneResult) -> str:
+    """fp32 beside the reduced-precision candidates (speed and accuracy), what auto left out and why; empty for a
+    --precision fp32 run, whose report stays what it was."""
+    block = result.precision
+    if not block:
+        return ""
+    fp32 = [c for c in result.candidates if c.passed and (c.artifact.metadata.get("precision", "fp32") if c.artifact else "fp32") == "fp32"]
+    best_fp32 = max(fp32, key=lambda c: c.best_throughput, default=None)
+    rows = []
+    for cand in result.candidates:
+        meta = cand.artifact.metadata if cand.artifact is not None else {}
+        precision = meta.get("precision") or ("fp32" if "," not in cand.name else cand.name.rsplit(",", 1)[1].rstrip("]"))  # unbuilt: from its name
+        acc = cand.correctness.accuracy if cand.correctness is not None else None
+        top1 = [o.top1 for o in acc.outputs if o.top1 is not None] if acc is not None else []
+        ratio = (f"{cand.best_throughput / best_fp32.best_throughput:.2f}x" if cand.passed and best_fp32 is not None
+                 and best_fp32.best_throughput else "")
+        name = f"**{cand.name}** (selected)" if cand.name == result.selected else cand.name
+        judged = (f"gate (cosine >= {acc.budget.cosine:g}, top-1 >= {acc.budget.top1:g})" if acc is not None and not acc.budget.check
+                  else f"--accuracy-check {acc.budget.check} (score {acc.check_score:.6g})" if acc is not None
+                  else "--tolerance" if cand.correctness is not None else "")
+        rows.append([name, precision + (f" ({meta['numerics_note']})" if meta.get("numerics_note") else ""), cand.status,
+                     f"{cand.best_throughput:.1f}" if cand.best_throughput else "", ratio,
+                     f"{acc.cosine:.6f}" if acc is not None else "", f"{max(o.max_abs for o in acc.outputs):.3g}" if acc is not None and acc.outputs else "",
+                     f"{min(top1):.4f}" if top1 else "", judged])
+    lines = ["## Precision", "", f"--precision {block['requested']}: candidates at {', '.join(block['candidates'])}; "
+             "bf16 and INT8 candidates are judged by the accuracy gate against fp32 eager (shapes run short, long and back "
+             "on one loaded model), fp32 ones by --tolerance. A candidate that failed keeps its figures here.", ""]
+    lines += [f"- {note}." for note in block.get("left_out", [])]
+    return "\n".join([*lines, "", _table(_PRECISION_HEADER, rows)])
 
 
 def _candidate_row(cand: Candidate, result: TuneResult) -> list[str]:

@@ -73,6 +73,9 @@ def model_fingerprint(ctx: TuneContext) -> str:
     for path in (ctx.reference.feeds, ctx.reference.outputs, ctx.reference.profile_feed):
         _hash_file(h, Path(path))
     h.update(json.dumps(tolerances_to_json(ctx.tolerances), sort_keys=True).encode())
+    accuracy = getattr(ctx, "accuracy", None)  # judges the reduced-precision candidates: another budget, another verdict
+    if accuracy is not None and accuracy.to_json() != type(accuracy)().to_json():
+        h.update(json.dumps(accuracy.to_json(), sort_keys=True).encode())
     return h.hexdigest()
 
 

@@ -17,11 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from optimizer.backend import backend_named
-from optimizer.errors import first_line
+from optimizer.errors import SettingsError, first_line
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, ModelSource, load_source
+from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import CorrectnessReport, tolerances_from_json
 from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
@@ -48,6 +51,7 @@ class BuildJob:
     backend_settings: dict[str, Any] = field(default_factory=dict)
     tolerances: dict[str, list[float]] = field(default_factory=dict)
     state_dict: str | None = None  # weights snapshot from the parent (callable sources re-run their factory)
+    accuracy: dict[str, Any] | None = None  # AccuracyBudget.to_json(): a reduced-precision candidate is judged by the gate
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,17 +127,12 @@ def build_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         log.exception("%s | load failed", cand.name)
         return _failed(cand, "load", f"load failed: {first_line(err)}")
     try:
-        report = CorrectnessReport()
-        names = signature.output_names
-        dtypes = [o.dtype.name for o in signature.outputs]
-        for point, feed, ref in zip(job.correctness_points, feeds, refs):
-            try:
-                outs = runner.infer(feed)
-            except Exception as err:
-                log.exception("%s | inference failed at %s", cand.name, point)
-                report.error = f"inference failed at {point}: {first_line(err)}"
-                break
-            report.cases.append(compare_outputs(point, names, dtypes, outs, [ref[n] for n in names], tolerances))
+        if job.accuracy is not None:
+            report = _gated_report(runner, job, signature, feeds, refs, tolerances, cand.name)
+        else:
+            report = _checked_report(runner, job, signature, feeds, refs, tolerances, cand.name)
+    except SettingsError as err:  # the user's --accuracy-check is broken: the run stops with its one line
+        return _failed(cand, "accuracy_check", str(err))
     finally:
         runner.__exit__(None, None, None)
     cand.correctness = report
@@ -143,6 +142,56 @@ def build_candidate(payload: dict[str, Any]) -> dict[str, Any]:
     log.info("%s | correct (max abs %.2g, max rel %.2g)", cand.name, report.max_abs, report.max_rel)
     cand.status, cand.stage = "built", ""
     return cand.to_json()
+
+
+def _checked_report(runner: Any, job: BuildJob, signature: Signature, feeds: list[Any], refs: list[Any],
+                    tolerances: dict[str, Any], name: str) -> CorrectnessReport:
+    """fp32: every correctness point compared elementwise at the tolerances."""
+    report = CorrectnessReport()
+    names = signature.output_names
+    dtypes = [o.dtype.name for o in signature.outputs]
+    for point, feed, ref in zip(job.correctness_points, feeds, refs):
+        try:
+            outs = runner.infer(feed)
+        except Exception as err:
+            log.exception("%s | inference failed at %s", name, point)
+            report.error = f"inference failed at {point}: {first_line(err)}"
+            break
+        report.cases.append(compare_outputs(point, names, dtypes, outs, [ref[n] for n in names], tolerances))
+    return report
+
+
+def _gated_report(runner: Any, job: BuildJob, signature: Signature, feeds: list[Any], refs: list[Any],
+                  tolerances: dict[str, Any], name: str) -> CorrectnessReport:
+    """A reduced-precision candidate: the points run short to long and back on this one loaded model (the cases keep
+    the elementwise figures), then the accuracy gate decides."""
+    from optimizer.task.accuracy_gate import judge, load_check, run_check, server_order
+
+    budget = AccuracyBudget.from_json(job.accuracy)
+    report = CorrectnessReport()
+    names = signature.output_names
+    dtypes = [o.dtype.name for o in signature.outputs]
+    order = server_order([sum(int(a.size) for a in feed.values()) for feed in feeds])
+    ran, seen, got, wanted = [], set(), [], []
+    for i in order:
+        point = job.correctness_points[i] + (" (again)" if i in seen else "")
+        seen.add(i)
+        try:
+            outs = [np.array(o, copy=True) for o in runner.infer(feeds[i])]
+        except Exception as err:
+            log.exception("%s | inference failed at %s", name, point)
+            report.error = f"inference failed at {point}: {first_line(err)}"
+            return report
+        ref = [refs[i][n] for n in names]
+        report.cases.append(compare_outputs(point, names, dtypes, outs, ref, tolerances))
+        ran.append(point)
+        got.append(dict(zip(names, outs)))
+        wanted.append(dict(zip(names, ref)))
+    report.accuracy = judge(names, ran, wanted, got, budget, signature.batching)
+    if budget.check:
+        score, ok = run_check(load_check(budget.check), budget.check, wanted, got)
+        report.accuracy.check_score, report.accuracy.check_passed = score, ok
+    return report
 
 
 def _vm_data_bytes() -> int:

@@ -252,12 +252,14 @@ def _openvino_checks(gate: ReleaseGate, backend: Backend) -> list[ReleaseCheck]:
         return [ReleaseCheck(backend.name, "openvino", local, "unconfirmed", "unknown",
                              f"the IR is written by OpenVINO {local} here, and Triton {r.release}'s OpenVINO is unconfirmed ({r.openvino.source})",
                              f"use --triton-release {known} (confirmed), or --allow-version-mismatch to publish anyway")]
-    here, there = version_tuple(local)[:3], version_tuple(r.openvino.value)[:3]
+    # major.minor: a patch release reads and writes the same IR (26.07 ships 2026.2.0; pip's 2026.2 is 2026.2.1)
+    here, there = version_tuple(local)[:2], version_tuple(r.openvino.value)[:2]
     if here > there:
+        pin = ".".join(map(str, there))
         return [ReleaseCheck(backend.name, "openvino", local, r.openvino.shown(), "mismatch",
                              f"the IR is written by OpenVINO {local} here but Triton {r.release} reads it with OpenVINO {r.openvino.shown()} "
                              "(an older runtime may not load a newer IR)",
-                             f"pip install 'openvino=={r.openvino.value}', or --allow-version-mismatch to publish anyway")]
+                             f"pip install 'openvino=={pin}.*', or --allow-version-mismatch to publish anyway")]
     note = "" if here == there else "a newer runtime reads an older IR (Intel KB 000091835); the same version is preferred"
     return [ReleaseCheck(backend.name, "openvino", local, r.openvino.shown(), "ok", note=note)]
 

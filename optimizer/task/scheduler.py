@@ -148,6 +148,7 @@ class CandidateScheduler:
             backend_settings=backend.settings,
             tolerances=tolerances_to_json(precision_tolerances(ctx.signature, backend.settings["precision"], ctx.tolerances)),
             state_dict=ctx.state_dict,
+            accuracy=ctx.accuracy.to_json() if backend.settings["precision"] != "fp32" else None,
         )
         self._event("build", "start", name)
         watcher = _ProgressWatcher(workdir / "progress.json", self, name, "build")
@@ -319,7 +320,9 @@ class _ProgressWatcher:
             emit("correctness", "start")
         if cand.correctness is not None and cand.correctness.passed and not self._checked:
             self._checked = True
-            emit("correctness", "done", f"max abs {cand.correctness.max_abs:.2g}, max rel {cand.correctness.max_rel:.2g}")
+            acc = cand.correctness.accuracy  # a bf16 / INT8 candidate: what the gate judged it by
+            gate = f"accuracy gate: cosine {acc.cosine:.6f}, " if acc is not None else ""
+            emit("correctness", "done", f"{gate}max abs {cand.correctness.max_abs:.2g}, max rel {cand.correctness.max_rel:.2g}")
         for p in cand.decision.profiles if cand.decision else ():
             if p.batch_size not in self._batches:
                 self._batches.add(p.batch_size)

@@ -113,7 +113,12 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
     if state.exists and not state.overwrite and state.config_text:
         _check_same_platform(state.config_text, artifact.platform.platform or artifact.platform.backend, options.name)
     warmup, files = [], {}
-    if options.warmup:
+    if artifact.metadata.get("warmup") == "max_shape":  # a runtime that must meet the longest shape first (see max_shape_feed)
+        sig, renamed = config_signature(artifact)
+        feed = max_shape_feed(artifact)
+        warmup, files = warmup_entries(sig, {config_name: feed[name] for config_name, name in renamed.items() if name in feed},
+                                       result.max_batch_size)
+    elif options.warmup:
         feed_path = Path(result.reference.profile_feed)
         if not feed_path.is_file():
             raise PublishError(f"--warmup needs the run's sample {feed_path}, which is gone; re-run the export or publish with --no-warmup.")
@@ -134,7 +139,31 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
                                    {name.split("/", 1)[1]: len(data) for name, data in files.items() if name.startswith("warmup/")})
     rules.check(config, facts, f"config.pbtxt of {options.name!r} (from {source})")
     header = f"# aitune-export: the served search measured this config{note}.\n" if note else ""
-    return header + canonical(config), files, spec
+    return header + precision_comment(result.selected_candidate) + canonical(config), files, spec
+
+
+def max_shape_feed(artifact: Any) -> dict[str, Any]:
+    """One generated sample at the max of every dynamic axis: the model_warmup of an artifact whose runtime goes wrong
+    when a short shape comes first (OpenVINO 2026.2 in bf16 returns NaN at length 128 after length 1; longest first is
+    fine). The export's gate ran the same warmup before its short-long-short order, and validation checks it served."""
+    from optimizer.model.samples import ShapePoint, generate_feed
+    from optimizer.model.signature import Signature
+
+    sig = Signature.from_json(artifact.signature)
+    return generate_feed(sig, ShapePoint(1 if sig.batching else 0, "max"), seed=11)
+
+
+def precision_comment(cand: Any) -> str:
+    """A comment line naming a reduced precision and how it was judged, for whoever reads the config; fp32 gets
+    none (its config stays what it always was). Triton's text-format parser skips `#` lines."""
+    meta = cand.artifact.metadata if cand.artifact is not None else {}
+    precision = meta.get("precision", "fp32")
+    if precision == "fp32":
+        return ""
+    how = {"bf16": "bf16 compute, fp32 inputs and outputs", "int8": f"INT8, {meta.get('quantizer', 'post-training static quantization')}"}
+    accuracy = cand.correctness.accuracy if cand.correctness is not None else None
+    judged = f"; accuracy gate vs fp32 eager: cosine {accuracy.cosine:.6f}" if accuracy is not None else ""
+    return f"# precision: {precision} ({how.get(precision, precision)}){judged}; candidate {cand.name}\n"
 
 
 def prepare_config(result: TuneResult, options: PublishOptions) -> tuple[str, dict[str, bytes], ConfigSpec]:

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from optimizer.backend import Backend
+from optimizer.backend.precision import left_out, precision_pairs, precision_record
 from optimizer.errors import NoCandidateError, SettingsError
 from optimizer.events import Event
-from optimizer.machine import environment
+from optimizer.machine import environment, native_bf16
 from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import tolerances_to_json
 from optimizer.records.tune_result import TuneResult
@@ -64,10 +65,12 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
     def _candidate_backends(self, ctx: TuneContext) -> list[Backend]:
         return self.candidate_backends(ctx.model.module, ctx.device)
 
-    def backends_for_run(self, module: Any, device: Device | str, precision: str, cache_root: Path | None) -> list[Backend]:
-        """The candidates as a run configures them (its --precision, caches under its cache root): what `tune`
-        hands the scheduler and what `inspect` lists, from this one place."""
-        return [b.for_run(precision, cache_root) for b in self.candidate_backends(module, device)]
+    def backends_for_run(self, module: Any, device: Device | str, precision: str, cache_root: Path | None,
+                         calibration: str | None = None) -> list[Backend]:
+        """The candidates as a run configures them: one per (backend, precision) pair of its --precision (INT8 ones
+        calibrated on `calibration`), caches under its cache root. What `tune` hands the scheduler and what `inspect`
+        lists, from this one place (backend/precision.py's precision_pairs)."""
+        return precision_pairs(self.candidate_backends(module, device), device, precision, cache_root, calibration, native_bf16())
 
     def wants_eager(self, model_format: str) -> bool:
         """Whether eager PyTorch is measured as the bar: the gate is not disabled and the model is a torch module."""
@@ -103,7 +106,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         target Triton release cannot load (`release_gate`) are skipped with the reason before anything is built.
         """
         t0 = time.perf_counter()
-        backends = self.backends_for_run(ctx.model.module, ctx.device, ctx.precision, ctx.cache_root)
+        backends = self.backends_for_run(ctx.model.module, ctx.device, ctx.precision, ctx.cache_root, ctx.calibration)
         if not backends:
             raise NoCandidateError(
                 "no candidate backends: the strategy was given an empty list; name at least one with --backend "
@@ -112,11 +115,12 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         deadline = time.time() + ctx.time_budget_s if ctx.time_budget_s else None
         scheduler = CandidateScheduler(ctx, self.batch_policy(ctx.recorded_batch_sizes), self.memory_budget_mb, deadline)
         refused = self._release_refusals(backends, ctx)
-        runnable = [b for b in backends if b.name not in refused]
+        runnable = [b for b in backends if b.candidate_name(ctx.device) not in refused]
         run = scheduler.run(runnable, measure_eager=self.wants_eager(ctx.model.format)) if runnable else ScheduleOutcome([], None, False)
-        order = {b.name: i for i, b in enumerate(backends)}
-        candidates = sorted([*refused.values(), *run.candidates], key=lambda c: order.get(c.backend, len(order)))
+        order = {b.candidate_name(ctx.device): i for i, b in enumerate(backends)}
+        candidates = sorted([*refused.values(), *run.candidates], key=lambda c: order.get(c.name, len(order)))
         warnings: list[str] = []
+        precision_notes = left_out(backends, ctx.device, ctx.precision, ctx.calibration is not None, native_bf16())
         share = scheduler.core_share
         if share is not None and share.reduced:
             warnings.append(f"{share.summary()}.")
@@ -127,7 +131,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             passed = [c for c in candidates if c.passed]
             settled = self._settle(scheduler, passed)
             selected, reason = self._select(passed, run.eager, warnings, settled)
-            warnings += self._mismatch_warnings(selected, backends)
+            warnings += self._mismatch_warnings(selected, backends, ctx.device)
             ctx.on_event(Event("select", "done" if selected else "failed", selected.name if selected else "", reason))
         libraries: dict[str, str] = {}
         for c in [*candidates, *([run.eager] if run.eager else [])]:
@@ -156,6 +160,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             comparison=settled.to_json() if not run.interrupted and settled is not None else None,
             triton_release=self.release_gate.to_json(backends) if self.release_gate is not None else None,
             measured_on=share.to_json() if share is not None else None,
+            precision=precision_record(ctx.precision, backends, precision_notes, ctx.accuracy.to_json()),
         )
 
     def _release_refusals(self, backends: Sequence[Backend], ctx: TuneContext) -> dict[str, Candidate]:
@@ -170,13 +175,13 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
             check = self.release_gate.refusal(b) if ctx.model.format in b.consumes else None
             if check is not None:
                 name = b.candidate_name(ctx.device)
-                refused[b.name] = Candidate(name, b.name, str(ctx.device), status="skipped", stage="release", reason=check.message())
+                refused[name] = Candidate(name, b.name, str(ctx.device), status="skipped", stage="release", reason=check.message())
                 ctx.on_event(Event("build", "skipped", name, check.message()))
         return refused
 
-    def _mismatch_warnings(self, selected: Candidate | None, backends: Sequence[Backend]) -> list[str]:
+    def _mismatch_warnings(self, selected: Candidate | None, backends: Sequence[Backend], device: Device | str) -> list[str]:
         """One warning per check --allow-version-mismatch let through for the published candidate."""
-        backend = next((b for b in backends if selected is not None and b.name == selected.backend), None)
+        backend = next((b for b in backends if selected is not None and b.candidate_name(device) == selected.name), None)
         if self.release_gate is None or backend is None:
             return []
         release = self.release_gate.release.release
@@ -188,7 +193,7 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         """The tolerance overrides the selected candidate was checked with (validation reuses them)."""
         precision = "fp32"
         if selected is not None and selected.artifact is not None:
-            precision = selected.artifact.metadata.get("precision", ctx.precision)
+            precision = selected.artifact.metadata.get("precision", "fp32")
         return tolerances_to_json(precision_tolerances(ctx.signature, precision, ctx.tolerances))
 
     def _beats_eager(self, cand: Candidate, eager: Candidate | None) -> bool | None:

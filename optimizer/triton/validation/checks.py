@@ -9,8 +9,10 @@ import numpy as np
 
 from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import Feed, load_feeds, tile_feed
+from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.correctness import CorrectnessCase
 from optimizer.records.triton_platforms import PLATFORMS
+from optimizer.task.accuracy_gate import judge, load_check, run_check, server_order
 from optimizer.task.correctness import compare_outputs
 from optimizer.triton.perf_analyzer import PerfSettings
 from optimizer.triton.server import triton_message
@@ -56,16 +58,24 @@ def reference_feeds(reference: ExportReference | None, served: dict[str, Any]) -
 
 
 def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any], feeds: list[Feed],
-                  expected: list[Feed] | None, points: list[str], tolerances: dict[str, Any] | None = None) -> AnswerCheck:
-    """Send every saved sample and compare with the eager reference (same tolerances as the optimizer)."""
+                  expected: list[Feed] | None, points: list[str], tolerances: dict[str, Any] | None = None,
+                  accuracy: AccuracyBudget | None = None) -> AnswerCheck:
+    """Send every saved sample and compare with the eager reference (same tolerances as the optimizer). A bf16 or INT8
+    model (`accuracy` given) is judged by the export's accuracy gate instead, its samples sent short to long and back
+    as the export's check ran them: the served model must not fall into a shape-order trap the export avoided."""
     from tritonclient.utils import InferenceServerException
 
     outputs = served.get("output", [])
     names = [o["name"] for o in outputs]
     dtypes = [dtype_from_name(o["data_type"]).name for o in outputs]
     check = AnswerCheck(protocol, True, compared_with="reference" if expected is not None else "none")
-    for i, feed in enumerate(feeds):
-        point = points[i] if i < len(points) else f"sample[{i}]"
+    gated = accuracy is not None and expected is not None
+    order = server_order([sum(int(a.size) for a in f.values()) for f in feeds]) if gated else list(range(len(feeds)))
+    ran, got, wanted_all, seen = [], [], [], set()
+    for i in order:
+        point = (points[i] if i < len(points) else f"sample[{i}]") + (" (again)" if i in seen else "")
+        seen.add(i)
+        feed = feeds[i]
         try:
             actual = infer_batched(client, name, served, feed)
         except InferenceServerException as err:
@@ -80,14 +90,24 @@ def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any],
                 return check
             wanted = [as_served(expected[i][o["name"]], o, max_batch(served) > 0) for o in outputs]
             case = compare_outputs(point, names, dtypes, actual, wanted, tolerances)
+            ran.append(point)
+            got.append(dict(zip(names, actual)))
+            wanted_all.append(dict(zip(names, wanted)))
         check.cases.append({"point": case.point, "passed": case.passed, "outputs": [asdict(o) for o in case.outputs]})
         finite = [o for o in case.outputs if o.shape_ok]
         check.max_abs = max([check.max_abs, *(o.max_abs for o in finite)])
         check.max_rel = max([check.max_rel, *(o.max_rel for o in finite)])
-        if not case.passed and check.passed:
+        if not gated and not case.passed and check.passed:
             worst = next(o for o in case.outputs if not o.passed)
             detail = worst.note or f"max abs error {worst.max_abs:.3g}, max rel error {worst.max_rel:.3g} (atol {worst.atol:g}, rtol {worst.rtol:g})"
             check.passed, check.error = False, f"output {worst.name!r} at {point}: {detail}"
+    if gated:
+        verdict = judge(names, ran, wanted_all, got, accuracy, max_batch(served) > 0)
+        if accuracy.check:
+            verdict.check_score, verdict.check_passed = run_check(load_check(accuracy.check), accuracy.check, wanted_all, got)
+        check.accuracy = verdict.to_json()
+        if not verdict.passed:
+            check.passed, check.error = False, verdict.reason
     return check
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from optimizer.errors import PublishError, RepositoryError, SettingsError, SignatureError
 from optimizer.model.signature import Signature
+from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.correctness import Tolerance, tolerances_from_json
 from optimizer.records.report_file import read_report
 from optimizer.records.served_search import LoadLevel, ServedSearch
@@ -35,6 +37,7 @@ class ExportReference:
     predicted_cores: str = ""  # "1 of 2 cores" when the export measured on the cores other processes left free ("" on all)
     served_curve: list[LoadLevel] = field(default_factory=list)  # what the served search measured of the published config, per load
     single_request_ms: float | None = None  # the server's cost per request + the in-process time of a batch of one
+    accuracy: AccuracyBudget | None = None  # the gate a bf16 / INT8 winner passed (None: fp32, judged by the tolerances)
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
@@ -56,6 +59,15 @@ def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | 
                 matches.add(path.resolve())
     # several exports may have published this folder (--overwrite, another --report-dir): the latest one wrote it
     return max(matches, key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
+
+
+def _gate_of(result: Any) -> AccuracyBudget | None:
+    """The accuracy budget the selected candidate was judged by, if it was (a bf16 or INT8 winner)."""
+    try:
+        correctness = result.selected_candidate.correctness
+    except PublishError:
+        return None
+    return correctness.accuracy.budget if correctness is not None and correctness.accuracy is not None else None
 
 
 def _model_key(model_url: str) -> tuple[str, str] | None:
@@ -98,6 +110,7 @@ def load_export_reference(report_path: Path) -> ExportReference:
         predicted_batch=best.batch_size if best else None,
         predicted_busy=best.others_cpu_share if best else None,
         tolerances=tolerances_from_json(result.tolerances),
+        accuracy=_gate_of(result),
         input_names=signature.input_names,
         output_names=signature.output_names,
         profile_feed=_optional_sample_file(result.reference.profile_feed, report_dir),

@@ -29,6 +29,7 @@ class AnswerCheck:
     max_rel: float = 0.0
     error: str = ""
     compared_with: str = "reference"  # "reference" (eager outputs) or "none" (no export report: shapes only)
+    accuracy: dict[str, Any] | None = None  # AccuracyReport.to_json(): a bf16 / INT8 model judged by the export's gate
 
 
 @dataclass

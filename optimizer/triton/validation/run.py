@@ -151,7 +151,8 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     feeds, expected, points = reference_feeds(reference, served)
     for protocol, client in clients.items():
         record.answers.append(check_answers(client, protocol, target.name, served, feeds, expected, points,
-                                            reference.tolerances if reference is not None else None))
+                                            reference.tolerances if reference is not None else None,
+                                            reference.accuracy if reference is not None else None))
     bad = [a for a in record.answers if not a.passed]
     if bad:
         record.status = "failed"
