@@ -20,7 +20,8 @@ with a latency budget only grid points that meet it at that load count. `--concu
 
 How the ratio is measured (one run of the grid is not a measurement: three runs on one repository gave 0.887, 1.046
 and 0.862): 1. the emitted config, then every grid point once; 2. every grid point within 10% of the grid's best is
-measured again and the best is chosen on the mean of its two measurements; 3. the emitted config and that best are
+measured again, and again for points that come within 10% of the best mean once a lucky maximum has fallen (each point
+at most twice); the best is the highest mean, always of two measurements; 3. the emitted config and that best are
 measured in --rounds paired rounds whose order alternates (emitted, best, best, emitted, ...), so drift hits both.
 Only the paired rounds count: choosing the best on other measurements keeps the winner's luck out of the ratio.
 The ratio is the geometric mean of the per-round ratios emitted/best, with a 90% interval from Student's t over
@@ -28,10 +29,14 @@ their logarithms (emitted= and best= are the geometric means of the rounds, so e
 
     .venv/bin/python benchmarks/served_grid.py REPO [--model NAME] [--report DIR] [--concurrency N] [--quick] [--model-analyzer]
 
---model-analyzer also runs triton-model-analyzer 1.58 (`model-analyzer profile -f` on the model_analyzer.yaml the
-export wrote beside its report: local launch mode, the bundled tritonserver 2.51 and perf_analyzer through their
-launchers) with its brute search bounded as the grid (max batch, instances) at the same concurrency, and prints its
-best beside ours. The full grid goes to served_grid.json beside the report; the last line is machine-readable:
+--model-analyzer first runs triton-model-analyzer 1.58 alone (`model-analyzer profile -f` on the model_analyzer.yaml
+the export wrote beside its report: local launch mode, so it starts the bundled tritonserver 2.51 itself through the
+YAML's launcher, which sets LD_LIBRARY_PATH and the python stub's PATH, and runs perf_analyzer through its launcher with
+the server's metrics endpoint on), its brute search bounded as the grid (max batch, instances) at the same concurrency.
+Its best config then joins the paired rounds as a third contender, so `ma_best` is measured beside ours in the same
+rounds (its own figure, from its own server minutes earlier, goes to the JSON); `ma_seconds` is how long it ran.
+
+The full grid goes to served_grid.json beside the report; the last line is machine-readable:
     served_grid model=<name> emitted=<inf/s> best=<inf/s> ratio=<emitted/best> ratio_lo=<90% low> ratio_hi=<90% high>
         emitted_p95_ms=<ms> best_p95_ms=<ms> grid_seconds=<s> [ma_best=<inf/s> ma_seconds=<s>]
 """
@@ -417,7 +422,7 @@ class Lab:
 
 def show(tag: str, v: Variant, m: dict[str, Any]) -> None:
     """One progress line per measurement (stdout; the machine-readable line comes last)."""
-    name = v.label if v.label in ("emitted", "best") else point_label(v.point.to_json())
+    name = v.label if v.label in ("emitted", "best", "model analyzer") else point_label(v.point.to_json())
     if m["status"] != "measured":
         print(f"{tag:<12} {name:<44} {m['status']}: {m['reason']}", flush=True)
         return
@@ -441,6 +446,7 @@ def model_analyzer(yaml_path: str | None, concurrency: int, max_batch: int, inst
     if not yaml_path or not Path(yaml_path).is_file():
         return {"status": "skipped", "reason": f"the export wrote no model_analyzer.yaml ({yaml_path}); re-run the export"}
     out = work / "model_analyzer"
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)  # Model Analyzer refuses a checkpoint folder whose parent is missing
     command = [str(binary), "profile", "-f", yaml_path, "--export-path", str(out), "--checkpoint-directory", str(out / "checkpoints"),
                "--output-model-repository-path", str(out / "output_model_repository"), "--override-output-model-repository",
                "--run-config-search-min-concurrency", str(concurrency), "--run-config-search-max-concurrency", str(concurrency),
@@ -464,7 +470,7 @@ def model_analyzer(yaml_path: str | None, concurrency: int, max_batch: int, inst
     seconds = round(time.monotonic() - t0, 1)
     (work / "model_analyzer.log").write_text(text)
     doc: dict[str, Any] = {"status": "ran", "returncode": proc.returncode, "seconds": seconds, "command": command,
-                           "output_tail": text[-3000:]}
+                           "export_path": str(out), "output_tail": text[-3000:]}
     results = out / "results" / "metrics-model-inference.csv"
     if not results.is_file():
         doc.update(status="failed", reason=_ma_error(text) or f"exit status {proc.returncode} and no {results.name}")
@@ -480,6 +486,16 @@ def model_analyzer(yaml_path: str | None, concurrency: int, max_batch: int, inst
                    "p99_ms": _float(best.get("p99 Latency (ms)")), "max_batch_size": best.get("Max Batch Size"),
                    "instances": best.get("Instance Group"), "concurrency": best.get("Concurrency")}
     return doc
+
+
+def ma_variant(ma: dict[str, Any], thread_parameter: str | None) -> Variant | None:
+    """Model Analyzer's best config as a contender of the paired rounds (its output repository's config.pbtxt), if it found one."""
+    best = ma.get("best")
+    path = Path(ma.get("export_path", "")) / "output_model_repository" / str(best.get("config")) / "config.pbtxt" if best else None
+    if path is None or not path.is_file():
+        return None
+    text = path.read_text()
+    return Variant("model analyzer", point_of(parse(text), thread_parameter), locally(text))
 
 
 def _float(value: Any) -> float:
@@ -541,6 +557,18 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="served-grid-") as tmp:
         work = Path(tmp)
+        ma: dict[str, Any] = {"status": "skipped", "reason": "not asked (pass --model-analyzer)"}
+        contenders = []
+        if args.model_analyzer:  # first, alone: its servers and ours never measure at the same time
+            ma = model_analyzer(export.published.get("model_analyzer_config"), load.concurrency, max(p.max_batch_size for p in points),
+                                max(p.instances for p in points), work, args.ma_timeout)
+            picked = ma_variant(ma, export.thread_parameter)
+            if picked is not None:
+                contenders.append(picked)
+                print(f"model_analyzer: best {ma['best']['config']} ({picked.point.label}) {ma['best']['throughput']:.1f} infer/s in its "
+                      f"own server at concurrency {ma['best']['concurrency']}, {ma['seconds']:.0f} s; it joins the paired rounds", flush=True)
+            else:
+                print(f"model_analyzer {ma['status']}: {ma.get('reason')}", flush=True)
         try:
             with Lab(export, load, work) as lab:
                 first = lab.measure([emitted], lab.bench.window_ms, "emitted")[0]
@@ -556,25 +584,26 @@ def main() -> int:
                     print("served_grid failed: no grid point could be measured", file=sys.stderr)
                     return 1
                 counting = [i for i in measured if rows[i]["meets"]] or measured  # none within the budget: the most throughput
-                top = max(rows[i]["throughput"] for i in counting)
-                close = [i for i in counting if rows[i]["throughput"] >= (1 - RECHECK) * top]
-                for i, row in zip(close, lab.measure([variants[i] for i in close], window, "again")):
-                    rows[i]["again"] = row
-                best_i = max(close, key=lambda i: _mean_throughput(rows[i]))
+                while True:  # until every point within 10% of the best mean has been measured twice (each at most twice)
+                    top = max(_mean_throughput(rows[i]) for i in counting)
+                    close = [i for i in counting if "again" not in rows[i] and _mean_throughput(rows[i]) >= (1 - RECHECK) * top]
+                    if not close:
+                        break
+                    for i, row in zip(close, lab.measure([variants[i] for i in close], window, "again")):
+                        rows[i]["again"] = row
+                best_i = max(counting, key=lambda i: _mean_throughput(rows[i]))
                 best = replace(variants[best_i], label="best")
-                print(f"best of the grid: {best.point.label} ({_mean_throughput(rows[best_i]):.1f}/s over its grid and second "
-                      f"measurement; {len(close)} point(s) within {RECHECK:.0%} of the grid's best measured again)", flush=True)
-                paired = lab.rounds([emitted, best], rounds, 2 * window,
+                print(f"best of the grid: {best.point.label} ({_mean_throughput(rows[best_i]):.1f}/s, the mean of its grid and second "
+                      f"measurement; {sum('again' in r for r in rows)} point(s) came within {RECHECK:.0%} of the best and were measured again)",
+                      flush=True)
+                paired = lab.rounds([emitted, best, *contenders], rounds, 2 * window,
                                     lambda r, v, row: show(f"round {r + 1}/{rounds}", v, row))
                 mix = lab.mix
         except ValidationError as err:  # the server died, or a config the grid measured before no longer loads
             print(f"served_grid failed: {err}", file=sys.stderr)
             return 1
-        ma = (model_analyzer(export.published.get("model_analyzer_config"), load.concurrency, max(p.max_batch_size for p in points),
-                             max(p.instances for p in points), work, args.ma_timeout)
-              if args.model_analyzer else {"status": "skipped", "reason": "not asked (pass --model-analyzer)"})
 
-    pairs = [(e, b) for e, b in zip(*paired) if e["status"] == b["status"] == "measured"]
+    pairs = [(e, b) for e, b in zip(paired[0], paired[1]) if e["status"] == b["status"] == "measured"]
     if len(pairs) < 2:
         print(f"served_grid failed: only {len(pairs)} of {rounds} paired rounds measured both configs", file=sys.stderr)
         return 1
@@ -588,15 +617,19 @@ def main() -> int:
     print(f"emitted {emitted.point.label} vs best {best.point.label}: ratio {ratio:.3f}, 90% interval {lo:.3f}..{hi:.3f} over "
           f"{len(pairs)} paired rounds (Student's t over the log ratios); grid {grid_seconds:.0f} s, {len(rows) - len(measured)} point(s) failed")
     ma_line = ""
-    if args.model_analyzer:
-        best_ma = ma.get("best")
-        if best_ma:
-            print(f"model_analyzer: best {best_ma['config']} (max batch {best_ma['max_batch_size']}, {best_ma['instances']}) "
-                  f"{best_ma['throughput']:.1f} infer/s at concurrency {best_ma['concurrency']} in its own server, {ma['seconds']:.0f} s")
-            ma_line = f" ma_best={best_ma['throughput']:.1f} ma_seconds={ma['seconds']:.0f}"
+    if contenders:  # Model Analyzer's pick, measured in the same rounds as ours (its own figure came from another server run)
+        ma["paired"] = paired[2]
+        both = [(e["throughput"], m["throughput"]) for e, m in zip(paired[0], paired[2]) if e["status"] == m["status"] == "measured"]
+        if both:
+            ma_tp = geometric_mean([m for _, m in both])
+            ma["ratio"] = paired_ratio([e for e, _ in both], [m for _, m in both])  # emitted / Model Analyzer's pick
+            print(f"model_analyzer's pick {contenders[0].point.label}: {ma_tp:.1f} infer/s in the paired rounds; emitted/its pick "
+                  f"{ma['ratio'][0]:.3f} (90% {ma['ratio'][1]:.3f}..{ma['ratio'][2]:.3f}); Model Analyzer took {ma['seconds']:.0f} s")
+            ma_line = f" ma_best={ma_tp:.1f} ma_seconds={ma['seconds']:.0f}"
         else:
-            print(f"model_analyzer {ma['status']}: {ma.get('reason')}")
-            ma_line = f" ma_best=failed ma_seconds={ma.get('seconds', 0):.0f}"
+            ma_line = f" ma_best=failed ma_seconds={ma['seconds']:.0f}"
+    elif args.model_analyzer:
+        ma_line = f" ma_best=failed ma_seconds={ma.get('seconds', 0):.0f}"
     out = export.report.parent / "served_grid.json"  # beside the report used (--report DIR when it holds report.json)
     write_json(out, {"model": target.name, "repository": str(target.repository), "report": str(export.report),
                      "platform": target.config.platform or target.config.backend, "concurrency": load.concurrency, "load": load.source,
