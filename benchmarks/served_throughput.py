@@ -5,7 +5,7 @@ often looks like); the emitted one is what aitune-export published. Both are loa
 in one local tritonserver and measured at the same concurrency, in rounds whose order alternates (A B, B A, ...) so
 machine noise hits both alike; the medians are compared. --diagnose adds the emitted config with one knob changed.
 
-One way to build, load and measure a variant, the served search's and benchmarks/served_grid.py's: the emitted config
+One way to build, load and measure a variant, the served search's and benchmarks/served_grid.py's (benchmarks/served_lab.py): the emitted config
 is loaded as published; a diagnose variant is the emitted `OperatingPoint` with one field changed, rendered by
 `publish.prepare_config` as the export would publish it; every config is loaded through `VariantLoader`, warmed by
 `warm_up` and measured by `measure_level` (HTTP, the search's stability-based windows). The naive config is the one
@@ -28,9 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # served_grid: the benchmarks' measuring parts
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # served_lab: the benchmarks' measuring parts
 
-from served_grid import Export, Lab, Load, Refused, Variant, open_export, point_of  # noqa: E402
+from served_lab import Export, Lab, Load, Refused, Variant, open_export, point_of  # noqa: E402
 
 from optimizer.errors import ValidationError  # noqa: E402
 from optimizer.records.served_search import OperatingPoint  # noqa: E402
