@@ -1,83 +1,132 @@
 """Served grid: every served config in a brute-force grid (Model Analyzer's brute search) against the emitted one.
 
-Why: the served search climbs from the in-process rules and stops at its time budget or at the first
-neighbour that does not improve, and with --serve-search off the rules alone decide. An exhaustive grid
-over the same knobs, measured in the same real tritonserver at the same concurrency on the same request
-mix, says how much throughput the emitted config leaves on the table (ratio emitted/best; 1.0 = none).
+Why: the served search measures a coarse pass and a refinement within a time budget, and with --serve-search off the
+in-process rules alone decide. An exhaustive grid over the same knobs, measured in the same real tritonserver at the
+same load on the same request mix, says how much throughput the emitted config leaves on the table (emitted/best).
 
-The grid: max_batch_size 1, 2, 4, ... --max-batch (never above what the artifact accepts; a model published
-with max_batch_size 0 only at 0) x instance count 1..cores (KIND_CPU, intra-op threads cores // count) x
-dynamic batching with max_queue_delay_microseconds 0 / 100 / 1000 and no preferred_batch_size (as Model
-Analyzer's brute search leaves it). The model's files are hard-linked into a private repository (REPO is never
-written); one server runs throughout; each point rewrites that copy's config.pbtxt and reloads it. The emitted
-config is measured first and again last (the two show the drift over the run; their mean is compared).
+One way to build, load and measure a variant, the served search's own (issue 27 item 5, benchmarks/served_lab.py): a
+grid point is an `OperatingPoint`, labelled by `point_label`, rendered by `publish.prepare_config` exactly as the export
+would publish it, loaded under a private name with the config in the load request (`VariantLoader`; the published
+repository is never written), warmed by `warm_up` and measured by `measure_level` (`Bench`). Variants are loaded a few
+at a time and never while another is measured.
 
-    .venv/bin/python benchmarks/served_grid.py REPO [--model NAME] [--report DIR] [--concurrency 16] [--quick]
+The grid: max_batch_size 1, 2, 4, ... --max-batch (never above what the artifact accepts or the export's
+--max-batch-size; a model that does not batch only at 0) x instances 1..cores (intra-op threads cores // count)
+x max_queue_delay_microseconds 0 / 100 / 1000, no preferred_batch_size (as Model Analyzer's brute search leaves it).
 
-The full grid goes to served_grid.json in the report folder; the last line is machine-readable:
-    served_grid model=<name> emitted=<inf/s> best=<inf/s> ratio=<emitted/best> emitted_p95_ms=<ms> best_p95_ms=<ms> grid_seconds=<s>
+The load is the export's (report.json -> published.served_search): the concurrency its objective scored the published
+variant at (the target load; for a max-throughput export the concurrency where the published variant peaked), and
+with a latency budget only grid points that meet it at that load count. `--concurrency N` overrides it.
+
+How the ratio is measured (one run of the grid is not a measurement: three runs on one repository gave 0.887, 1.046
+and 0.862): 1. the emitted config, then every grid point once; 2. every grid point within 10% of the grid's best is
+measured again, and again for points that come within 10% of the best mean once a lucky maximum has fallen (each point
+at most twice); the best is the highest mean, always of two measurements; 3. the emitted config and that best are
+measured in --rounds paired rounds whose order alternates (emitted, best, best, emitted, ...), so drift hits both.
+Only the paired rounds count: choosing the best on other measurements keeps the winner's luck out of the ratio.
+The ratio is the geometric mean of the per-round ratios emitted/best, with a 90% interval from Student's t over
+their logarithms (emitted= and best= are the geometric means of the rounds, so emitted/best = ratio).
+
+    .venv/bin/python benchmarks/served_grid.py REPO [--model NAME] [--report DIR] [--concurrency N] [--quick] [--model-analyzer]
+
+--model-analyzer first runs triton-model-analyzer 1.58 alone (`model-analyzer profile -f` on the model_analyzer.yaml
+the export wrote beside its report: local launch mode, so it starts the bundled tritonserver 2.51 itself through the
+YAML's launcher, which sets LD_LIBRARY_PATH and the python stub's PATH, and runs perf_analyzer through its launcher with
+the server's metrics endpoint on), its brute search bounded as the grid (max batch, instances) at the same concurrency.
+Its best config then joins the paired rounds as a third contender, so `ma_best` is measured beside ours in the same
+rounds (its own figure, from its own server minutes earlier, goes to the JSON); `ma_seconds` is how long it ran.
+
+The full grid goes to served_grid.json beside the report; the last line is machine-readable:
+    served_grid model=<name> emitted=<inf/s> best=<inf/s> ratio=<emitted/best> ratio_lo=<90% low> ratio_hi=<90% high>
+        emitted_p95_ms=<ms> best_p95_ms=<ms> grid_seconds=<s> [ma_best=<inf/s> ma_seconds=<s>]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import logging
+import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from optimizer.errors import ConfigRuleError, ValidationError
-from optimizer.machine import cpu_cores
-from optimizer.records.report_file import read_report
-from optimizer.records.triton_platforms import PLATFORMS
-from optimizer.triton import config_rules
-from optimizer.triton.local_serving import local_config, needs_translation
-from optimizer.triton.model_config import canonical
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, find_perf_analyzer, run_perf_analyzer
-from optimizer.triton.repository import copy_model_tree
-from optimizer.triton.served_search.search import WARMUP_PER_SLOT, request_mix
-from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, prepare_home
-from optimizer.triton.validation import find_export_report, resolve_target
-from optimizer.triton.validation.target import local_servability
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # served_lab: the benchmarks' measuring parts
+
+from served_lab import Lab, Load, Refused, Variant, locally, open_export, point_of, show  # noqa: E402
+
+from optimizer.errors import ValidationError  # noqa: E402
+from optimizer.machine import cpu_cores  # noqa: E402
+from optimizer.records.served_search import OperatingPoint, ServedSearch  # noqa: E402
+from optimizer.triton.model_config import parse  # noqa: E402
+from optimizer.triton.served_search.objective import Objective  # noqa: E402
 
 DELAYS_US = (0, 100, 1000)
 QUICK = {"batches": (1, 2, 4, 8, 16), "instances": (1, 2), "delays": (0, 1000)}
-"""--quick: about 2 minutes on a 2-core machine."""
+"""--quick: about 3 minutes on a 2-core machine."""
+RECHECK = 0.10
+"""Every grid point within 10% of the grid's best is measured again: one measurement of a config differs from the next
+by up to 10% on this machine, so any of them may be the real best."""
+ROUNDS, QUICK_ROUNDS = 6, 4
+DEFAULT_CONCURRENCY = 16
+"""The load when the report has none (the served search was off or skipped)."""
+_T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812, 11: 1.796, 12: 1.782,
+        13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740, 18: 1.734, 19: 1.729, 20: 1.725, 25: 1.708, 30: 1.697}
+"""Student's t at 95% by degrees of freedom: a 90% two-sided interval (1.645 beyond 30; between rows, the smaller df's)."""
 
 
-@dataclass(frozen=True)
-class Point:
-    """One grid point; delay_us None: no dynamic_batching block (max batch 0 or 1); threads None: the config's own."""
+def paired_ratio(emitted: list[float], best: list[float]) -> tuple[float, float, float]:
+    """The geometric mean of the per-round ratios emitted/best and its 90% interval (Student's t over their logarithms).
 
-    max_batch: int
-    instances: int
-    threads: int | None
-    delay_us: int | None
+    Rounds where either side measured nothing (<= 0) are left out; one round gives an unbounded interval (0, inf)."""
+    logs = [math.log(e / b) for e, b in zip(emitted, best) if e > 0 and b > 0]
+    if not logs:
+        raise ValueError("no paired round measured both configs")
+    n = len(logs)
+    mean = sum(logs) / n
+    if n == 1:
+        return math.exp(mean), 0.0, math.inf
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    df = n - 1
+    t = 1.645 if df > 30 else _T95[max(k for k in _T95 if k <= df)]
+    half = t * sd / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
-    @property
-    def label(self) -> str:
-        delay = "-" if self.delay_us is None else f"{self.delay_us}us"
-        return f"max {self.max_batch:<4} {self.instances}x{self.threads or '-'}t  delay {delay:<7}"
 
-    @property
-    def short(self) -> str:
-        return " ".join(self.label.split())
+def geometric_mean(values: list[float]) -> float:
+    """The mean that matches paired_ratio: geometric_mean(emitted) / geometric_mean(best) is its ratio."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def batch_cap(config: Any, artifact: Any, decision: Any, wanted: int) -> tuple[int, str]:
-    """The largest max_batch_size the grid may try, and what set it: --max-batch, the TensorRT engine, the AOTInductor
-    batch dim, or the memory ceiling the export ran into."""
+def export_load(search: ServedSearch | None, override: int | None) -> Load:
+    """The load of the export's served search (report.json -> published.served_search), or --concurrency."""
+    budget = search.latency_budget_ms if search else None
+    percentile = search.percentile if search else 95
+    if override:
+        return Load(override, "--concurrency", Objective(override, budget, percentile))
+    if search is not None and search.status == "searched" and search.concurrency:
+        what = {"concurrency": "its target load", "latency": "where the published variant served the most within the budget",
+                "max-throughput": "where the published variant peaked"}.get(search.objective, search.objective)
+        return Load(search.concurrency, f"the export's ({search.objective} objective: {what})", Objective(search.concurrency, budget, percentile))
+    status = f"served search {search.status}" if search else "no served search recorded"
+    return Load(DEFAULT_CONCURRENCY, f"the default ({status} in the report)", Objective(DEFAULT_CONCURRENCY, budget, percentile))
+
+
+def batch_cap(config: Any, artifact: Any, decision: Any, wanted: int, user_max: int | None) -> tuple[int, str]:
+    """The largest max_batch_size the grid may try, and what set it: --max-batch, the export's --max-batch-size, the
+    TensorRT engine, the AOTInductor batch dim, or the memory ceiling the export ran into."""
     if config.max_batch_size == 0:
         return 0, "the model does not batch (published max_batch_size 0)"
     caps = [(wanted, "--max-batch")]
+    if user_max:
+        caps.append((user_max, "the export's --max-batch-size"))
     if artifact.metadata.get("engine_max_batch"):
         caps.append((int(artifact.metadata["engine_max_batch"]), "the TensorRT engine's profiles"))
     if artifact.triton_platform == "torch_aoti":
@@ -89,161 +138,96 @@ def batch_cap(config: Any, artifact: Any, decision: Any, wanted: int) -> tuple[i
     return min(caps)
 
 
-def grid(cap: int, cores: int, quick: bool) -> list[Point]:
-    """Every point, in measuring order (batch, then instances, then delay)."""
+def grid(cap: int, cores: int, quick: bool, thread_parameter: str | None) -> list[OperatingPoint]:
+    """Every point, in measuring order (batch, then instances, then delay); max batch 0 and 1 have no delay to vary."""
     batches = [0] if cap == 0 else [b for b in (2 ** i for i in range(cap.bit_length())) if b <= cap]
     counts = list(range(1, cores + 1))
     delays: tuple[int, ...] = DELAYS_US
     if quick:
         batches = [b for b in batches if b == 0 or b in QUICK["batches"]]
         counts, delays = [c for c in counts if c in QUICK["instances"]], QUICK["delays"]
-    return [Point(b, n, cores // n, d) for b in batches for n in counts for d in (delays if b > 1 else (None,))]
+    return [OperatingPoint(b, (), d, n, cores // n if thread_parameter else None)
+            for b in batches for n in counts for d in (delays if b > 1 else (0,))]
 
 
-def point_config(published: Any, point: Point, thread_parameter: str | None) -> Any:
-    """The published config with the grid point's max batch, instance layout and batcher."""
-    from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+def model_analyzer(yaml_path: str | None, concurrency: int, max_batch: int, instances: int, work: Path, timeout_s: float) -> dict[str, Any]:
+    """Model Analyzer's own brute search (triton-model-analyzer 1.58) on the export's model_analyzer.yaml, bounded as the grid.
 
-    config = type(published)()
-    config.CopyFrom(published)
-    config.max_batch_size = point.max_batch
-    config.ClearField("dynamic_batching")
-    if point.delay_us is not None:
-        config.dynamic_batching.SetInParent()
-        config.dynamic_batching.max_queue_delay_microseconds = point.delay_us
-    group = config.instance_group[0] if config.instance_group else config.instance_group.add(kind=ModelInstanceGroup.KIND_CPU)
-    del config.instance_group[1:]
-    group.count = point.instances
-    if group.kind == ModelInstanceGroup.KIND_CPU and thread_parameter and point.threads:
-        config.parameters[thread_parameter].string_value = str(point.threads)
-    if (config.backend or "") == "openvino" and point.max_batch > 1:
-        config.parameters["ENABLE_BATCH_PADDING"].string_value = "YES"  # the openvino backend's rule (config_rules.py)
-    kept = [w for w in config.model_warmup if w.batch_size <= max(point.max_batch, 1)]
-    del config.model_warmup[:]
-    config.model_warmup.extend(kept)
-    return config
-
-
-def emitted_point(config: Any, thread_parameter: str | None) -> Point:
-    count = sum(g.count or 1 for g in config.instance_group) or 1
-    threads = config.parameters[thread_parameter].string_value if thread_parameter and thread_parameter in config.parameters else ""
-    delay = config.dynamic_batching.max_queue_delay_microseconds if config.HasField("dynamic_batching") else None
-    return Point(config.max_batch_size, count, int(threads) if threads.isdigit() else None, delay)
-
-
-def write_config(model_dir: Path, text: str) -> None:
-    """Replace the private copy's config.pbtxt (a hard link to REPO's: rename over it, never write into it)."""
-    tmp = model_dir / ".config.pbtxt.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, model_dir / "config.pbtxt")
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(busy ticks of the whole machine, ticks of this process tree: us, finished children, the server and its stubs)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    stats = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            parts = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
-        except OSError:
-            continue
-        if parts:
-            stats[int(entry.name)] = (int(parts[1]), sum(int(x) for x in parts[11:15]))  # ppid, utime+stime+cutime+cstime
-    ours, tree = 0, {os.getpid()}
-    for pid in sorted(stats):  # children have larger pids, except after pid wrap-around (then they count as others)
-        if pid in tree or stats[pid][0] in tree:
-            tree.add(pid)
-            ours += stats[pid][1]
-    return sum(fields) - fields[3] - fields[4], ours
-
-
-def measure(server: LocalTritonServer, name: str, model_dir: Path, config: Any, facts: Any, data: Path, work: Path,
-            concurrency: int) -> dict[str, Any]:
-    """Check the config against Triton's load rules, write it, load it, run perf_analyzer at one concurrency."""
-    from tritonclient.utils import InferenceServerException
-
-    t0, ticks = time.monotonic(), cpu_ticks()
-    out: dict[str, Any] = {"status": "measured"}
+    Bounded as the grid: max batch up to the grid's largest, instances up to the grid's most, at the grid's one concurrency.
+    Local launch mode as the YAML is written: Model Analyzer starts the bundled tritonserver 2.51 through the launcher
+    that gives it LD_LIBRARY_PATH and the python stub's PATH, and perf_analyzer through its launcher; the venv's bin goes
+    first on PATH too. Results, checkpoints and the output repository go to a fresh folder here (an old checkpoint would
+    be reused as if measured now). Returns what ran, its best row and the seconds it took."""
+    binary = Path(sys.executable).parent / "model-analyzer"
+    if not binary.is_file():
+        return {"status": "skipped", "reason": f"{binary} is missing: pip install 'aitune-export[model-analyzer]'"}
+    if not yaml_path or not Path(yaml_path).is_file():
+        return {"status": "skipped", "reason": f"the export wrote no model_analyzer.yaml ({yaml_path}); re-run the export"}
+    out = work / "model_analyzer"
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)  # Model Analyzer refuses a checkpoint folder whose parent is missing
+    command = [str(binary), "profile", "-f", yaml_path, "--export-path", str(out), "--checkpoint-directory", str(out / "checkpoints"),
+               "--output-model-repository-path", str(out / "output_model_repository"), "--override-output-model-repository",
+               "--run-config-search-min-concurrency", str(concurrency), "--run-config-search-max-concurrency", str(concurrency),
+               "--run-config-search-max-instance-count", str(instances)]
+    if max_batch > 0:
+        command += ["--run-config-search-max-model-batch-size", str(max_batch)]
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}  # the launchers bring their own
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    t0 = time.monotonic()
+    proc = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        config_rules.check(config, facts)
-        write_config(model_dir, canonical(local_config(config) if needs_translation(config) else config))  # torch_aoti: the stand-in
-        server.reload(name)  # unload first: the python backend aborts when old and new stubs overlap
-        settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), measurement_interval_ms=1000,
-                                stability_percentage=25, max_trials=6, timeout_s=120,
-                                warmup_requests=WARMUP_PER_SLOT * concurrency)  # as the served search warms each variant
-        row = run_perf_analyzer(name, server.http_url, data, work, settings).best
-        if row is None:
-            raise ValidationError("perf_analyzer measured nothing")
-        out.update(throughput=row.throughput, p50_ms=row.p50_ms, p95_ms=row.p95_ms, p99_ms=row.p99_ms,
-                   server_batch=round(row.server_batch, 3) if row.server_batch else None)
-    except (ConfigRuleError, ValidationError, InferenceServerException) as err:
-        out.update(status="failed", reason=" ".join(str(err).split())[:400])
-    out["seconds"] = round(time.monotonic() - t0, 2)
-    (busy0, ours0), (busy1, ours1) = ticks, cpu_ticks()
-    out["others_cpu"] = round(min(1.0, max(0.0, (busy1 - busy0 - (ours1 - ours0)) / (out["seconds"] * os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1)))), 2)
-    return out
+        text, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)  # Model Analyzer checkpoints and stops its server on Ctrl-C
+        try:
+            text, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+        text = f"{text}\n(stopped after {timeout_s:.0f} s: --ma-timeout)"
+    seconds = round(time.monotonic() - t0, 1)
+    (work / "model_analyzer.log").write_text(text)
+    doc: dict[str, Any] = {"status": "ran", "returncode": proc.returncode, "seconds": seconds, "command": command,
+                           "export_path": str(out), "output_tail": text[-3000:]}
+    results = out / "results" / "metrics-model-inference.csv"
+    if not results.is_file():
+        doc.update(status="failed", reason=_ma_error(text) or f"exit status {proc.returncode} and no {results.name}")
+        return doc
+    with open(results, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if _float(r.get("Throughput (infer/sec)")) > 0]
+    doc["rows"] = rows
+    if not rows:
+        doc.update(status="failed", reason=f"{results.name} has no measured row")
+        return doc
+    best = max(rows, key=lambda r: _float(r.get("Throughput (infer/sec)")))
+    doc["best"] = {"config": best.get("Model Config Path"), "throughput": _float(best.get("Throughput (infer/sec)")),
+                   "p99_ms": _float(best.get("p99 Latency (ms)")), "max_batch_size": best.get("Max Batch Size"),
+                   "instances": best.get("Instance Group"), "concurrency": best.get("Concurrency")}
+    return doc
 
 
-SETTLE_ROUNDS = 6
-SETTLE_TOP = 3
-
-
-def settle(server: LocalTritonServer, target: Any, model_dir: Path, rows: list[dict[str, Any]], emitted: Point, facts: Any,
-           data: Path, work: Path, args: Any, thread_parameter: str | None) -> dict[str, Any] | None:
-    """The emitted config and the grid's SETTLE_TOP best points measured again, interleaved, SETTLE_ROUNDS times.
-
-    The maximum of many noisy measurements overstates the best point, and so does the best of a few means: on this
-    machine one config measured 480, 386 and 271/s in three rounds. So the best contender is chosen on rounds 1, 3
-    and 5 and compared with the emitted config on rounds 2, 4 and 6 only, side by side in the same rounds (drift
-    between rounds moves both), which leaves the winner's luck out of the ratio."""
-    top = sorted((r for r in rows if r["status"] == "measured"), key=lambda r: -r["throughput"])[:SETTLE_TOP]
-    if not top:
+def ma_variant(ma: dict[str, Any], thread_parameter: str | None) -> Variant | None:
+    """Model Analyzer's best config as a contender of the paired rounds (its output repository's config.pbtxt), if it found one."""
+    best = ma.get("best")
+    path = Path(ma.get("export_path", "")) / "output_model_repository" / str(best.get("config")) / "config.pbtxt" if best else None
+    if path is None or not path.is_file():
         return None
-    contenders = [("emitted", target.config, None)] + [(Point(**r["point"]).short, point_config(target.config, Point(**r["point"]), thread_parameter), r)
-                                                        for r in top]
-    rounds: dict[str, list[dict[str, Any] | None]] = {name: [] for name, _, _ in contenders}
-    for i in range(SETTLE_ROUNDS):
-        for name, config, _ in contenders if i % 2 == 0 else list(reversed(contenders)):
-            m = measure(server, target.name, model_dir, config, facts, data, work / "pa", args.concurrency)
-            rounds[name].append(m if m["status"] == "measured" else None)
-            print(f"settle {i + 1}/{SETTLE_ROUNDS} {name:<28} {m.get('throughput') or 0:8.1f} infer/s", flush=True)
-
-    def mean(name: str, key: str, parity: int, also: str | None = None) -> float:
-        both = [m for i, m in enumerate(rounds[name]) if i % 2 == parity and m and (also is None or rounds[also][i])]
-        return sum(m[key] for m in both) / len(both) if both else 0.0
-
-    name, _, row = max(contenders[1:], key=lambda c: mean(c[0], "throughput", 0))  # chosen on rounds 1, 3, 5 (indices 0, 2, 4)
-    emitted_mean = {"throughput": mean("emitted", "throughput", 1, name), "p95_ms": mean("emitted", "p95_ms", 1, name)}
-    best = {**(row or {}), "throughput": mean(name, "throughput", 1, "emitted"), "p95_ms": mean(name, "p95_ms", 1, "emitted"),
-            "settled_from": row["throughput"] if row else None, "chosen_on": mean(name, "throughput", 0)}
-    if not emitted_mean["throughput"] or not best["throughput"]:
-        return None
-    return {"rounds": {k: [m["throughput"] if m else None for m in v] for k, v in rounds.items()}, "emitted": emitted_mean, "best": best,
-            "how": "best chosen on rounds 1, 3, 5; compared on rounds 2, 4, 6"}
+    text = path.read_text()
+    return Variant("model analyzer", point_of(parse(text), thread_parameter), locally(text))
 
 
-def show(tag: str, point: Point, m: dict[str, Any]) -> None:
-    if m["status"] != "measured":
-        print(f"{tag:<8} {point.label}  {m['status']}: {m['reason']} (others' CPU {m['others_cpu']:.0%})", flush=True)
-        return
-    batch = f"{m['server_batch']:.2f}" if m["server_batch"] else "-"
-    print(f"{tag:<8} {point.label}  {m['throughput']:8.1f} infer/s  p95 {m['p95_ms']:7.1f} ms  server batch {batch:<5}  others' CPU {m['others_cpu']:.0%}", flush=True)
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
 
 
-def model_analyzer(run: bool, server: LocalTritonServer, repo: Path, name: str, concurrency: int, work: Path) -> dict[str, Any]:
-    """Model Analyzer's own brute search, in remote mode against our running server; off unless --model-analyzer."""
-    binary = (shutil.which("model-analyzer", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])))
-    if binary is None:
-        return {"status": "skipped", "reason": "model-analyzer is not installed (pip install triton-model-analyzer)"}
-    if not run:
-        return {"status": "skipped", "reason": "installed but not run by default (pass --model-analyzer)"}
-    command = [binary, "profile", "--model-repository", str(repo), "--profile-models", name, "--triton-launch-mode", "remote",
-               "--triton-http-endpoint", server.http_url, "--triton-grpc-endpoint", server.grpc_url, "--run-config-search-mode", "brute",
-               "--concurrency", str(concurrency), "--export-path", str(work / "ma"), "--output-model-repository-path",
-               str(work / "ma_models"), "--override-output-model-repository"]
-    proc = subprocess.run(command, check=False, capture_output=True, text=True, timeout=3600)
-    return {"status": "ran", "returncode": proc.returncode, "command": command, "output_tail": (proc.stdout + proc.stderr)[-2000:]}
+def _ma_error(text: str) -> str:
+    """Model Analyzer's own error line, if it printed one (an exception's message or an ERROR log line)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    picked = [line for line in lines if "Exception" in line or "ERROR" in line or "Error:" in line]
+    return (picked or lines[-1:] or [""])[-1][:400]
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -256,94 +240,135 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("repo", type=Path, help="the repository `aitune-export export` published")
-    parser.add_argument("--model", help="model name (default: the only model in REPO)")
+    parser.add_argument("--model", help="model name (default: the only public model in REPO)")
     parser.add_argument("--report", type=Path, help="the export's report folder (default: found from the repository)")
-    parser.add_argument("--concurrency", type=int, default=16, help="perf_analyzer's one concurrency for every point")
+    parser.add_argument("--concurrency", type=int, help="the load of every measurement (default: the export's, from its report)")
     parser.add_argument("--max-batch", type=int, default=128, help="largest max_batch_size in the grid")
+    parser.add_argument("--rounds", type=int, help=f"paired rounds emitted/best that count (default {ROUNDS}, {QUICK_ROUNDS} with --quick)")
     parser.add_argument("--quick", action="store_true", help=f"a small grid: max batch {QUICK['batches']}, instances {QUICK['instances']}, delay {QUICK['delays']} us")
-    parser.add_argument("--model-analyzer", action="store_true", help="also run `model-analyzer profile` (remote mode) against the running server, if installed")
+    parser.add_argument("--model-analyzer", action="store_true", help="also run `model-analyzer profile` on the export's model_analyzer.yaml, bounded as the grid")
+    parser.add_argument("--ma-timeout", type=float, default=1800.0, help="seconds Model Analyzer may run")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the server too, as Ctrl-C does
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-
-    target = resolve_target(args.repo, args.model)
-    report = find_export_report(target, args.report)
-    if report is None:
-        print(f"no report.json of the export that published {target.name}; pass --report DIR", file=sys.stderr)
+    if (args.concurrency is not None and args.concurrency < 1) or (args.rounds is not None and args.rounds < 2):
+        print("--concurrency must be >= 1 and --rounds >= 2 (an interval needs two paired rounds)", file=sys.stderr)
         return 2
-    result, _, _ = read_report(report)
-    feed = Path(result.reference.profile_feed)
-    if not feed.is_file():  # report paths are relative to where the export ran
-        result.reference = replace(result.reference, profile_feed=str(report.parent / "samples" / feed.name))
-        if not Path(result.reference.profile_feed).is_file():
-            print(f"the export's request mix {feed} is gone (also not in {report.parent / 'samples'}); re-run the export", file=sys.stderr)
-            return 2
-    artifact = result.selected_candidate.artifact
-    platform = next((p for p in PLATFORMS.values() if (p.platform or p.backend) == target.platform), None)
-    thread_parameter = platform.thread_parameter if platform else None
-    home = prepare_home(find_triton(), homes_root(None))
-    reason = local_servability(replace(target, config=local_config(target.config)) if needs_translation(target.config) else target, home)
-    if reason:
-        print(f"served_grid skipped: {reason}", file=sys.stderr)
+    try:
+        export = open_export(args.repo, args.model, args.report)
+    except Refused as err:
+        print(f"served_grid: {err}", file=sys.stderr)
         return 2
-    find_perf_analyzer()
+    target, artifact = export.target, export.result.selected_candidate.artifact
+    load = export_load(export.search, args.concurrency)
     cores = cpu_cores()
-    cap, cap_by = batch_cap(target.config, artifact, result.selected_candidate.decision, args.max_batch)
-    points = grid(cap, cores, args.quick)
-    emitted = emitted_point(target.config, thread_parameter)
-    print(f"{target.name}: {target.platform}, emitted {emitted.short}; grid of {len(points)} points (max batch <= {cap}: {cap_by}), "
-          f"{cores} cores, concurrency {args.concurrency}", flush=True)
-    facts = config_rules.facts_for(artifact, target.name)
-    rows: list[dict[str, Any]] = []
+    cap, cap_by = batch_cap(target.config, artifact, export.result.selected_candidate.decision, args.max_batch, export.settings.batch_cap())
+    points = grid(cap, cores, args.quick, export.thread_parameter)
+    rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
+    emitted = export.emitted()
+    variants = [export.variant(p) for p in points]
+    budget = load.objective.latency_budget_ms
+    print(f"{target.name}: {target.config.platform or target.config.backend}, emitted {emitted.point.label}; grid of {len(points)} points "
+          f"(max batch <= {cap}: {cap_by}), {cores} cores; concurrency {load.concurrency}: {load.source}"
+          + (f"; only points within p{load.objective.percentile} <= {budget:g} ms count" if budget is not None else ""), flush=True)
+
     with tempfile.TemporaryDirectory(prefix="served-grid-") as tmp:
         work = Path(tmp)
-        repo, model_dir = work / "repo", work / "repo" / target.name
-        copy_model_tree(target.repository / target.name, model_dir)
-        data, mix = request_mix(result, work)
-        with LocalTritonServer(repo, log_path=work / "tritonserver.log", home=home) as server:
-            first = measure(server, target.name, model_dir, target.config, facts, data, work / "pa", args.concurrency)
-            show("emitted", emitted, first)
-            t0 = time.monotonic()
-            for i, point in enumerate(points, 1):
-                m = measure(server, target.name, model_dir, point_config(target.config, point, thread_parameter), facts, data,
-                            work / "pa", args.concurrency)
-                rows.append({"point": asdict(point), **m})
-                show(f"{i}/{len(points)}", point, m)
-            grid_seconds = time.monotonic() - t0
-            last = measure(server, target.name, model_dir, target.config, facts, data, work / "pa", args.concurrency)
-            show("emitted", emitted, last)
-            settled = settle(server, target, model_dir, rows, emitted, facts, data, work, args, thread_parameter)
-            ma = model_analyzer(args.model_analyzer, server, repo, target.name, args.concurrency, work)
-    ends = [m for m in (first, last) if m["status"] == "measured"]
-    measured = [r for r in rows if r["status"] == "measured"]
-    if not ends or not measured:
-        print("served_grid failed: the emitted config or every grid point could not be measured", file=sys.stderr)
+        ma: dict[str, Any] = {"status": "skipped", "reason": "not asked (pass --model-analyzer)"}
+        contenders = []
+        if args.model_analyzer:  # first, alone: its servers and ours never measure at the same time
+            ma = model_analyzer(export.published.get("model_analyzer_config"), load.concurrency, max(p.max_batch_size for p in points),
+                                max(p.instances for p in points), work, args.ma_timeout)
+            picked = ma_variant(ma, export.thread_parameter)
+            if picked is not None:
+                contenders.append(picked)
+                print(f"model_analyzer: best {ma['best']['config']} ({picked.point.label}) {ma['best']['throughput']:.1f} infer/s in its "
+                      f"own server at concurrency {ma['best']['concurrency']}, {ma['seconds']:.0f} s; it joins the paired rounds", flush=True)
+            else:
+                print(f"model_analyzer {ma['status']}: {ma.get('reason')}", flush=True)
+        try:
+            with Lab(export, load, work) as lab:
+                first = lab.measure([emitted], lab.bench.window_ms, "emitted")[0]
+                if first["status"] != "measured":  # once more: perf_analyzer 2.51 has exited 3 here once, with nothing said, on a busy machine
+                    first = lab.measure([emitted], lab.bench.window_ms, "emitted")[0]
+                if first["status"] != "measured":
+                    print(f"served_grid failed: the emitted config could not be measured: {first['reason']}", file=sys.stderr)
+                    return 1
+                window = lab.bench.window_for(first["throughput"])
+                t0 = time.monotonic()
+                rows = lab.measure(variants, window, "grid")
+                grid_seconds = time.monotonic() - t0
+                measured = [i for i, r in enumerate(rows) if r["status"] == "measured"]
+                if not measured:
+                    print("served_grid failed: no grid point could be measured", file=sys.stderr)
+                    return 1
+                counting = [i for i in measured if rows[i]["meets"]] or measured  # none within the budget: the most throughput
+                while True:  # until every point within 10% of the best mean has been measured twice (each at most twice)
+                    top = max(_mean_throughput(rows[i]) for i in counting)
+                    close = [i for i in counting if "again" not in rows[i] and _mean_throughput(rows[i]) >= (1 - RECHECK) * top]
+                    if not close:
+                        break
+                    for i, row in zip(close, lab.measure([variants[i] for i in close], window, "again")):
+                        rows[i]["again"] = row
+                best_i = max(counting, key=lambda i: _mean_throughput(rows[i]))
+                best = replace(variants[best_i], label="best")
+                print(f"best of the grid: {best.point.label} ({_mean_throughput(rows[best_i]):.1f}/s, the mean of its grid and second "
+                      f"measurement; {sum('again' in r for r in rows)} point(s) came within {RECHECK:.0%} of the best and were measured again)",
+                      flush=True)
+                paired = lab.rounds([emitted, best, *contenders], rounds, 2 * window,
+                                    lambda r, v, row: show(f"round {r + 1}/{rounds}", v, row))
+                mix = lab.mix
+        except ValidationError as err:  # the server died, or a config the grid measured before no longer loads
+            print(f"served_grid failed: {err}", file=sys.stderr)
+            return 1
+
+    pairs = [(e, b) for e, b in zip(paired[0], paired[1]) if e["status"] == b["status"] == "measured"]
+    if len(pairs) < 2:
+        print(f"served_grid failed: only {len(pairs)} of {rounds} paired rounds measured both configs", file=sys.stderr)
         return 1
-    emitted_tp = sum(m["throughput"] for m in ends) / len(ends)
-    emitted_p95 = sum(m["p95_ms"] for m in ends) / len(ends)
-    best = max(measured, key=lambda r: r["throughput"])
-    raw_ratio = emitted_tp / best["throughput"]
-    if settled:  # the grid's maximum is biased up by noise: the settled rounds compare like with like
-        emitted_tp, emitted_p95 = settled["emitted"]["throughput"], settled["emitted"]["p95_ms"]
-        best = settled["best"]
-    ratio = emitted_tp / best["throughput"]
-    print(f"raw grid: emitted {sum(m['throughput'] for m in ends) / len(ends):.1f}/s vs the grid's maximum {max(r['throughput'] for r in measured):.1f}/s "
-          f"(ratio {raw_ratio:.3f}); settled over {SETTLE_ROUNDS} interleaved rounds (the best chosen on half, compared on the other): ratio {ratio:.3f}")
-    print(f"best: {Point(**best['point']).short}; emitted first {first.get('throughput') or 0:.1f}/s, last {last.get('throughput') or 0:.1f}/s "
-          f"(drift); others' CPU during emitted {max(m['others_cpu'] for m in ends):.0%}, "
-          f"best {best['others_cpu']:.0%} (a busy machine moves both); {len(rows) - len(measured)} points failed")
-    print(f"model_analyzer {ma['status']}: {ma.get('reason') or 'exit status ' + str(ma.get('returncode'))}")
-    out = report.parent / "served_grid.json"  # beside the report used (--report DIR when it holds report.json)
-    write_json(out, {"model": target.name, "repository": str(target.repository), "report": str(report), "platform": target.platform,
-                     "concurrency": args.concurrency, "cores": cores, "request_mix": mix, "max_batch_cap": cap, "cap_by": cap_by,
-                     "quick": args.quick, "emitted": {"point": asdict(emitted), "first": first, "last": last,
-                                                       "throughput": emitted_tp, "p95_ms": emitted_p95},
-                     "best": best, "ratio": ratio, "raw_ratio": raw_ratio, "settled": settled, "grid_seconds": round(grid_seconds, 1), "grid": rows, "model_analyzer": ma})
+    ratio, lo, hi = paired_ratio([e["throughput"] for e, _ in pairs], [b["throughput"] for _, b in pairs])
+    emitted_tp, best_tp = geometric_mean([e["throughput"] for e, _ in pairs]), geometric_mean([b["throughput"] for _, b in pairs])
+    emitted_p95 = sum(e["p95_ms"] for e, _ in pairs) / len(pairs)
+    best_p95 = sum(b["p95_ms"] for _, b in pairs) / len(pairs)
+    busy = max(m["others_cpu"] for pair in pairs for m in pair)
+    shown = {side: ", ".join(f"{pair[k]['throughput']:.1f}" for pair in pairs) for k, side in enumerate(("emitted", "best"))}
+    print(f"paired rounds: emitted {shown['emitted']}; best {shown['best']} infer/s; others' CPU up to {busy:.0%} (a busy machine moves both)")
+    print(f"emitted {emitted.point.label} vs best {best.point.label}: ratio {ratio:.3f}, 90% interval {lo:.3f}..{hi:.3f} over "
+          f"{len(pairs)} paired rounds (Student's t over the log ratios); grid {grid_seconds:.0f} s, {len(rows) - len(measured)} point(s) failed")
+    ma_line = ""
+    if contenders:  # Model Analyzer's pick, measured in the same rounds as ours (its own figure came from another server run)
+        ma["paired"] = paired[2]
+        both = [(e["throughput"], m["throughput"]) for e, m in zip(paired[0], paired[2]) if e["status"] == m["status"] == "measured"]
+        if both:
+            ma_tp = geometric_mean([m for _, m in both])
+            ma["ratio"] = paired_ratio([e for e, _ in both], [m for _, m in both])  # emitted / Model Analyzer's pick
+            print(f"model_analyzer's pick {contenders[0].point.label}: {ma_tp:.1f} infer/s in the paired rounds; emitted/its pick "
+                  f"{ma['ratio'][0]:.3f} (90% {ma['ratio'][1]:.3f}..{ma['ratio'][2]:.3f}); Model Analyzer took {ma['seconds']:.0f} s")
+            ma_line = f" ma_best={ma_tp:.1f} ma_seconds={ma['seconds']:.0f}"
+        else:
+            ma_line = f" ma_best=failed ma_seconds={ma['seconds']:.0f}"
+    elif args.model_analyzer:
+        ma_line = f" ma_best=failed ma_seconds={ma.get('seconds', 0):.0f}"
+    out = export.report.parent / "served_grid.json"  # beside the report used (--report DIR when it holds report.json)
+    write_json(out, {"model": target.name, "repository": str(target.repository), "report": str(export.report),
+                     "platform": target.config.platform or target.config.backend, "concurrency": load.concurrency, "load": load.source,
+                     "objective": load.objective.describe(), "cores": cores, "request_mix": mix, "max_batch_cap": cap, "cap_by": cap_by,
+                     "quick": args.quick, "emitted": {"point": emitted.point.to_json(), "label": emitted.point.label, "first": first},
+                     "best": {"point": best.point.to_json(), "label": best.point.label},
+                     "rounds": {"emitted": paired[0], "best": paired[1], "order": "emitted best, best emitted, ... (alternating)"},
+                     "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi, "interval": "90%, Student's t over the per-round log ratios",
+                     "grid_seconds": round(grid_seconds, 1), "grid": rows, "model_analyzer": ma})
     print(f"wrote {out}")
-    print(f"served_grid model={target.name} emitted={emitted_tp:.1f} best={best['throughput']:.1f} ratio={ratio:.3f} "
-          f"emitted_p95_ms={emitted_p95:.1f} best_p95_ms={best['p95_ms']:.1f} grid_seconds={grid_seconds:.0f}")
+    print(f"served_grid model={target.name} emitted={emitted_tp:.1f} best={best_tp:.1f} ratio={ratio:.3f} ratio_lo={lo:.3f} "
+          f"ratio_hi={hi:.3f} emitted_p95_ms={emitted_p95:.1f} best_p95_ms={best_p95:.1f} grid_seconds={grid_seconds:.0f}{ma_line}")
     return 0
+
+
+def _mean_throughput(row: dict[str, Any]) -> float:
+    """A grid point's mean over its measurements (the grid pass and, within 10% of the best, the second one)."""
+    values = [m["throughput"] for m in (row, row.get("again")) if m and m.get("status") == "measured"]
+    return sum(values) / len(values) if values else 0.0
 
 
 if __name__ == "__main__":
