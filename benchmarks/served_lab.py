@@ -27,13 +27,14 @@ from optimizer.records.tune_result import TuneResult  # noqa: E402
 from optimizer.settings import ExportSettings  # noqa: E402
 from optimizer.triton.front import front_step  # noqa: E402
 from optimizer.triton.local_serving import local_config, needs_translation  # noqa: E402
-from optimizer.triton.model_config import canonical, parse  # noqa: E402
 from optimizer.triton.perf_analyzer import find_perf_analyzer, write_input_data  # noqa: E402
 from optimizer.triton.publish import PublishOptions, prepare_config  # noqa: E402
 from optimizer.triton.served_search.loader import VariantLoader, private_name  # noqa: E402
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up  # noqa: E402
 from optimizer.triton.served_search.objective import Objective  # noqa: E402
-from optimizer.triton.served_search.search import LOAD_GROUP, request_mix  # noqa: E402
+from optimizer.triton.served_search.run import LOAD_GROUP  # noqa: E402
+from optimizer.triton.served_search.search import request_mix  # noqa: E402
+from optimizer.triton.served_search.servers import locally  # noqa: E402
 from optimizer.triton.server import LocalTritonServer, ServerHome, find_triton, homes_root, prepare_home  # noqa: E402
 from optimizer.triton.validation import find_export_report, resolve_target  # noqa: E402
 from optimizer.triton.validation.target import ModelTarget, local_servability  # noqa: E402
@@ -57,12 +58,6 @@ def point_of(config: Any, thread_parameter: str | None) -> OperatingPoint:
     batching = config.dynamic_batching
     return OperatingPoint(config.max_batch_size, tuple(batching.preferred_batch_size), batching.max_queue_delay_microseconds,
                           sum(g.count or 1 for g in config.instance_group) or 1, int(threads) if threads.isdigit() else None)
-
-
-def locally(text: str) -> str:
-    """The config as the local 2.51 server loads it (torch_aoti through the pytorch stand-in; others unchanged)."""
-    config = parse(text)
-    return canonical(local_config(config)) if needs_translation(config) else text
 
 
 @dataclass
@@ -204,7 +199,7 @@ class Lab:
         plain = write_input_data(self.workdir / "perf_analyzer_input_unbatched.json", rows, batching=False)
         try:
             server = self._stack.enter_context(LocalTritonServer(repo, log_path=self.workdir / "tritonserver.log", home=self.export.home))
-            self.loader = self._stack.enter_context(VariantLoader(server.http_url, place=lambda name: self._place(repo, name),
+            self.loader = self._stack.enter_context(VariantLoader(server.http_url, place=lambda name, _files: self._place(repo, name),
                                                                   check_alive=server.check_alive))
         except BaseException:
             self._stack.close()
