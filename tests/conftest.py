@@ -27,12 +27,15 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
             serve_search: bool = False) -> subprocess.CompletedProcess:
     """Run `aitune-export ARGS` as a user would (a real process); returns the completed process.
 
-    An export skips the served search (adds --serve-search off) unless the test asks for it with `serve_search=True`
-    or names the flag itself: each search starts a server and measures for up to 25 s, and tests/test_served_search.py
-    and the quick-start test cover it.
+    An export runs in fp32 (adds --precision fp32) unless the test names --precision, and skips the served search
+    (adds --serve-search off) unless the test asks for it with `serve_search=True` or names the flag itself: each
+    search starts a server and measures for up to its budget, and tests/test_served_search.py and the quick-start
+    test cover it.
     """
     if args and args[0] == "export" and not serve_search and not any(a.startswith("--serve-search") for a in args):
         args = (*args, "--serve-search", "off")
+    if args and args[0] == "export" and not any(a.startswith("--precision") for a in args):
+        args = (*args, "--precision", "fp32")  # auto adds bf16 candidates on a bf16 CPU: tests/test_precision_cpu.py covers them
     # each test gets its own artifact cache (beside its working directory), so no test reuses another's builds
     cache = str((cwd or ROOT / ".pytest_cache") / ".cache")
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=cache, **(env or {}))

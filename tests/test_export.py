@@ -52,7 +52,7 @@ def _matches_eager(spec: str, published_file: Path, report: dict, points: list[S
 
 
 def test_bundled_example_end_to_end(in_tmp: Path):
-    r = run_cli("export", cwd=in_tmp, serve_search=True)  # the quick start's command, served search included
+    r = run_cli("export", "--precision", "auto", cwd=in_tmp, serve_search=True)  # the quick start's command: every default
     assert r.returncode == 0, r.stderr
     model_dir = in_tmp / "model_repository" / "cnn"
     config = parse((model_dir / "config.pbtxt").read_text())
