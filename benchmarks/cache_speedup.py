@@ -1,14 +1,16 @@
-"""A second identical export must reuse builds and measurements: time both runs side by side.
+"""A second identical export must reuse builds, measurements and the served search: time both runs side by side.
 
 Each run is a fresh `aitune-export export` process, as a user (or CI) would start it, so the second
-one pays Python start-up, the torch import and loading the model, and only those.
+one pays Python start-up, the torch import and loading the model, and only those. The published files of
+both runs are compared byte for byte (a reused search must publish what the measured one did).
 
 Usage: .venv/bin/python benchmarks/cache_speedup.py [MODEL]
-Ends with: cache_speedup first=<s> second=<s> ratio=<r>
+Ends with: cache_speedup first=<s> second=<s> ratio=<r> same_bytes=<yes|no> served_search_reused=<yes|no>
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -21,7 +23,7 @@ def main() -> None:
     model = sys.argv[1:2]
     with tempfile.TemporaryDirectory(prefix="cache_speedup-") as tmp:
         root = Path(tmp)
-        times = []
+        times, published = [], []
         for run in range(2):
             cmd = [sys.executable, "-m", "optimizer.cli", "-q", "export", *model, "--repository", str(root / "repo"),
                    "--report-dir", str(root / "report"), "--cache-dir", str(root / "cache"), "--overwrite"]
@@ -30,8 +32,14 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
             result = json.loads((root / "report" / "report.json").read_text())["result"]
             reused = {c["name"]: c["cached"] or "-" for c in result["candidates"]}
-            print(f"run {run + 1}: {times[-1]:.1f} s, selected {result['selected']}, reused: {reused}")
-    print(f"cache_speedup first={times[0]:.1f} second={times[1]:.1f} ratio={times[0] / times[1]:.1f}")
+            search = json.loads((root / "report" / "report.json").read_text())["published"].get("served_search") or {}
+            published.append({str(p.relative_to(root / "repo")): hashlib.sha256(p.read_bytes()).hexdigest()
+                              for p in sorted((root / "repo").rglob("*")) if p.is_file()})
+            print(f"run {run + 1}: {times[-1]:.1f} s, selected {result['selected']}, reused: {reused}, "
+                  f"served search {search.get('status')}{' (reused from ' + search['cached_from'] + ')' if search.get('cached_from') else ''}")
+    same = "yes" if published[0] == published[1] else "no"
+    print(f"cache_speedup first={times[0]:.1f} second={times[1]:.1f} ratio={times[0] / times[1]:.1f} same_bytes={same} "
+          f"served_search_reused={'yes' if search.get('cached_from') else 'no'}")
 
 
 if __name__ == "__main__":
