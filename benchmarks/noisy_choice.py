@@ -13,7 +13,8 @@ tritonserver serves every run's published model folder under a private name (a p
 run's folder; torch_aoti translated for the local 2.51 core; an ensemble front loaded with its positional model under
 renamed steps), and perf_analyzer measures each busy run against the quiet run at the load the quiet export targeted
 (its published.served_search.concurrency, else --concurrency), in ABBA blocks: quiet, busy, busy, quiet, --pairs
-blocks per busy run.
+blocks per busy run. The quiet config is first measured against itself the same way (an A/A
+control, printed): the ratio the measurement alone gives.
 
 The numbers:
 - a block's ratio = (busy1 + busy2) / (quiet1 + quiet2) throughputs (ABBA cancels a linear drift inside the block);
@@ -23,7 +24,7 @@ The numbers:
   same_choice = runs whose published backend matches the quiet one with a max batch within one power of two
   (the old benchmark's agreement, kept as a secondary column). A failed export or serving counts as ratio 0.
 
-Usage: .venv/bin/python benchmarks/noisy_choice.py [--runs 3] [--models cnn,transformer] [--pairs 3]
+Usage: .venv/bin/python benchmarks/noisy_choice.py [--runs 3] [--models cnn,transformer] [--pairs 4] [--window-ms 1000]
        [--burst-on 2] [--burst-off 3] [--spin-cores 1] [--concurrency N] [--keep] [-- EXTRA EXPORT ARGS]
 Ends with one line per model and load:
   noisy_choice model=NAME load=steady|bursts runs=N min_ratio=X ratio_lo=L ratio_hi=H same_choice=K/N
@@ -53,6 +54,8 @@ LOADS = ("steady", "bursts")
 SPIN = ("import sys, time\nend, on, off = time.monotonic() + float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])\n"
         "while time.monotonic() < end:\n    busy = time.monotonic() + on if off > 0 else end\n"
         "    while time.monotonic() < busy:\n        pass\n    if off > 0:\n        time.sleep(off)\n")
+UNSTABLE_RETRIES = 2
+"""A level perf_analyzer could not settle is measured again with twice, then four times the window."""
 SPIN_DEADLINE_S = 3600.0  # safety net only: the benchmark stops the spinners itself after every busy export
 T_95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
         1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697)
@@ -219,9 +222,11 @@ def request_rows(input_data: Path, config_text: str) -> list[dict]:
     return rows
 
 
-def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, pairs: int, workdir: Path) -> None:
+def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, pairs: int, workdir: Path, window_ms: int = 1000) -> None:
     """Serve the quiet run and every busy run on one bundled tritonserver and measure each busy run ABBA against the quiet one."""
+    from optimizer.errors import ValidationError
     from optimizer.triton.local_serving import private_model
+    from optimizer.triton.perf_analyzer import PerfAnalyzerFailed
     from optimizer.triton.served_search.loader import VariantLoader
     from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up
     from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, prepare_home
@@ -252,22 +257,45 @@ def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, 
             return
         q_name, q_bench = benches[0]
         first = measure_level(q_bench, q_name, concurrency, q_bench.window_ms)
-        window = q_bench.window_for(first.throughput)
+        window = max(window_ms, q_bench.window_for(first.throughput))
         print(f"{name} quiet {quiet.choice()} at concurrency {concurrency}: {first.throughput:.1f} infer/s (window {window} ms)", flush=True)
+
+        def level(bench: Bench, model: str) -> float:  # an unsettled level (windows more than 25% apart) is measured again, longer
+            for attempt in range(UNSTABLE_RETRIES + 1):
+                try:
+                    return measure_level(bench, model, concurrency, window * 2 ** attempt).throughput
+                except PerfAnalyzerFailed:
+                    if attempt == UNSTABLE_RETRIES:
+                        raise
+            raise AssertionError("unreachable")
+
+        def abba(b_name: str, b_bench: Bench) -> list[float]:
+            blocks = []
+            for _ in range(pairs):
+                q1, b1, b2, q2 = level(q_bench, q_name), level(b_bench, b_name), level(b_bench, b_name), level(q_bench, q_name)
+                blocks.append(block_ratio(q1, b1, b2, q2))
+            return blocks
+
+        try:
+            report_ratio(f"{name} A/A control (the quiet config against itself: the measurement's own noise)", abba(q_name, q_bench))
+        except ValidationError as err:
+            print(f"{name} A/A control: not measured ({err})", flush=True)
         for index, run in enumerate(runs[1:], start=1):
             if index not in benches:
                 continue
-            b_name, b_bench = benches[index]
-            for _ in range(pairs):
-                q1 = measure_level(q_bench, q_name, concurrency, window).throughput
-                b1 = measure_level(b_bench, b_name, concurrency, window).throughput
-                b2 = measure_level(b_bench, b_name, concurrency, window).throughput
-                q2 = measure_level(q_bench, q_name, concurrency, window).throughput
-                run.blocks.append(block_ratio(q1, b1, b2, q2))
-            ratio, lo, hi = run_ratio(run.blocks)
-            interval = f"90% [{lo:.3f}, {hi:.3f}]" if lo is not None else "one block, no interval"
-            print(f"{name} {run.label} {run.choice()}: ratio {ratio:.3f} ({interval}; blocks {', '.join(f'{b:.3f}' for b in run.blocks)})",
-                  flush=True)
+            try:
+                run.blocks = abba(*benches[index])
+            except ValidationError as err:  # perf_analyzer measured nothing: this run counts as a loss, the others go on
+                run.error, run.blocks = f"serving it failed: {err}", []
+                continue
+            report_ratio(f"{name} {run.label} {run.choice()}", run.blocks)
+
+
+def report_ratio(label: str, blocks: list[float]) -> None:
+    """Print one measured comparison: its ratio, 90% interval and blocks."""
+    ratio, lo, hi = run_ratio(blocks)
+    interval = f"90% [{lo:.3f}, {hi:.3f}]" if lo is not None else "one block, no interval"
+    print(f"{label}: ratio {ratio:.3f} ({interval}; blocks {', '.join(f'{b:.3f}' for b in blocks)})", flush=True)
 
 
 def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[Path]) -> list[str]:
@@ -294,7 +322,7 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
     if quiet.ok and not concurrency:
         quiet.error = "the quiet export has no served-search concurrency (was --serve-search off?); pass --concurrency N"
     if quiet.ok:
-        serve_and_compare(name, quiet, busy, int(concurrency), args.pairs, fresh("serve").workdir)
+        serve_and_compare(name, quiet, busy, int(concurrency), args.pairs, fresh("serve").workdir, args.window_ms)
     if not quiet.ok:
         print(f"{name}: the quiet run failed ({quiet.error}); every ratio is 0", flush=True)
     lines = []
@@ -320,7 +348,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Arguments after -- go to every export.")
     parser.add_argument("--runs", type=int, default=3, help="busy exports per model and load (default 3)")
     parser.add_argument("--models", default="cnn,transformer", help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--pairs", type=int, default=3, help="ABBA blocks per busy run (default 3)")
+    parser.add_argument("--pairs", type=int, default=4, help="ABBA blocks per busy run (default 4)")
+    parser.add_argument("--window-ms", type=int, default=1000, help="perf_analyzer's shortest window (default 1000)")
     parser.add_argument("--spin-cores", type=int, default=1, help="cores kept busy during the busy runs (default 1)")
     parser.add_argument("--burst-on", type=float, default=2.0, help="seconds busy per burst (default 2)")
     parser.add_argument("--burst-off", type=float, default=3.0, help="seconds idle between bursts (default 3)")
@@ -331,8 +360,8 @@ def main() -> None:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
-    if args.runs < 1 or args.pairs < 1 or args.spin_cores < 1 or args.burst_on <= 0 or args.burst_off <= 0:
-        parser.error("--runs, --pairs and --spin-cores must be at least 1, --burst-on and --burst-off above 0")
+    if args.runs < 1 or args.pairs < 1 or args.spin_cores < 1 or args.burst_on <= 0 or args.burst_off <= 0 or args.window_ms < 100:
+        parser.error("--runs, --pairs and --spin-cores must be at least 1, --burst-on and --burst-off above 0, --window-ms at least 100")
     dirs: list[Path] = []
     lines: list[str] = []
     try:
