@@ -83,6 +83,11 @@ def run_ratio(blocks: list[float]) -> tuple[float, float | None, float | None]:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+def number(value: float | None) -> str:
+    """A ratio as the result line prints it; n/a where no interval exists (one block, or a failed run)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def summary(runs: list[tuple[float, float | None, float | None]]) -> tuple[float, float | None, float | None]:
     """Over a load's runs: the lowest ratio and the interval of the run that gave it (the worst case decides the target)."""
     return min(runs, key=lambda r: r[0])
@@ -334,9 +339,8 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
                 print(f"{name} {r.label}: counted as ratio 0 ({r.error or quiet.error or 'not measured'})", flush=True)
         low, lo, hi = summary(ratios)
         agree = sum(same_choice(r, quiet) for r in runs)
-        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-        lines.append(f"noisy_choice model={name} load={load} runs={len(runs)} min_ratio={low:.3f} ratio_lo={fmt(lo)} "
-                     f"ratio_hi={fmt(hi)} same_choice={agree}/{len(runs)}")
+        lines.append(f"noisy_choice model={name} load={load} runs={len(runs)} min_ratio={low:.3f} ratio_lo={number(lo)} "
+                     f"ratio_hi={number(hi)} same_choice={agree}/{len(runs)}")
     return lines
 
 
