@@ -21,7 +21,7 @@ export: venv
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The long tests (marked `long`: fleets, Model Analyzer), which `make test` and CI leave out to stay under 25 minutes.
+# The long tests (marked `long`: Ray fleets, Model Analyzer, the s3 -> serve -> validate chain, a server dying mid-search), which `make test` and CI leave out.
 test-long: venv
 	$(BIN)/python -m pytest -m long $(PYTEST_ARGS)
 

@@ -310,6 +310,7 @@ def _two_models(tmp: Path, head: str = "") -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 74 s; the local executor's tests run the fleet path in CI, make test-long runs Ray
 def test_two_models_through_a_local_ray_instance(in_tmp: Path):
     pytest.importorskip("ray")
     plan = _two_models(in_tmp)

@@ -173,7 +173,7 @@ def test_bad_precision_input_is_one_line_and_nothing_is_written(args, message, i
 @pytest.mark.parametrize("check, message", [("raises", "raised ValueError: this check is broken"),
                                             ("garbage", "returned 'looks fine to me'; it must return (score, passed)")])
 def test_a_broken_accuracy_check_stops_the_run_before_anything_is_built(check, message, in_tmp: Path):
-    r = run_cli("export", MLP, "--accuracy-check", f"{CHECKS}:{check}", "--repository", "repo", cwd=in_tmp)
+    r = run_cli("export", MLP, "--precision", "auto", "--accuracy-check", f"{CHECKS}:{check}", "--repository", "repo", cwd=in_tmp)
     assert r.returncode == 2, r.stderr
     errors = _errors(r.stderr)
     assert len(errors) == 1 and message in errors[0], r.stderr
@@ -262,7 +262,7 @@ def test_the_gate_refuses_int8_calibrated_into_garbage_and_keeps_its_figures(in_
 def test_fp32_is_published_when_the_users_check_rejects_every_reduced_candidate(in_tmp: Path):
     samples = _samples(in_tmp / "samples.npz")
     r = run_cli("export", MLP, "--samples", str(samples), "--backend", "onnxruntime", "--max-batch-size", "4", "--eager-gate", "disabled",
-                "--accuracy-check", f"{CHECKS}:always_fails", "--repository", "repo", cwd=in_tmp)
+                "--precision", "auto", "--accuracy-check", f"{CHECKS}:always_fails", "--repository", "repo", cwd=in_tmp)
     assert r.returncode == 0, r.stderr
     report = _report(in_tmp)
     assert report["selected"] == "onnxruntime[cpu]"

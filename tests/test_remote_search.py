@@ -78,6 +78,7 @@ def test_a_server_that_polls_its_repository_is_refused_before_tuning(in_tmp: Pat
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a bad-input path; make test-long runs it
 def test_a_server_that_dies_mid_search_fails_the_export_and_publishes_nothing(in_tmp: Path):
     import os
     import subprocess

@@ -71,6 +71,7 @@ def test_serve_answers_on_its_ports_and_ctrl_c_stops_it(in_tmp: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the chain of three paths CI tests one by one (s3 publish, serve, validate --url); make test-long runs it
 def test_an_export_to_object_storage_is_served_from_there_and_validated_by_url(in_tmp: Path, s3):
     url = s3.url(s3.bucket())
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "4", "--eager-gate", "disabled",

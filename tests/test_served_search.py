@@ -332,7 +332,7 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
     """No load given: each variant is swept for the most throughput it sustains; the published config is one of them,
     and validate tests a prediction at loads the search did not measure, apart from repeating the ones it did."""
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
-                "--serve-search-seconds", "60", "--validate", cwd=in_tmp, serve_search=True)
+                "--serve-search-seconds", "40", "--validate", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
     search = ServedSearch.from_json(doc["published"]["served_search"])
@@ -360,7 +360,7 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
     assert validation["throughput_ratio"] is not None and "served / predicted at loads the served search did not measure" in r.stdout
     published = (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_bytes()
     again = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
-                    "--serve-search-seconds", "60", "--overwrite", cwd=in_tmp, serve_search=True)
+                    "--serve-search-seconds", "40", "--overwrite", cwd=in_tmp, serve_search=True)
     assert again.returncode == 0, again.stderr
     assert "reused from the search measured" in again.stdout  # the same export: the served search is not measured again
     assert (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_bytes() == published

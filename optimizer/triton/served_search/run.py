@@ -110,6 +110,9 @@ class SearchRun:
             self._unload(list(variants))
             configs = {n: self._config(variants[n].point) for n in configs}
             errors = self._load(configs)
+        if configs and len(errors) == len(configs) and all(_server_gone(e) for e in errors.values()):
+            self._unload(list(variants))
+            raise ServerGone(f"every load of a group failed ({next(iter(errors.values()))}): the server at {self.loader.url} stopped answering")
         load_share = (time.monotonic() - t0) / max(1, len(configs))
         if self.runtime is None and any(n not in errors for n in configs):
             self.runtime = self.loader.runtime(next(n for n in configs if n not in errors))
@@ -283,6 +286,11 @@ class SearchRun:
     def _next_name(self) -> str:
         self.count += 1
         return private_name(self.options.name, self.count)
+
+
+def _server_gone(error: str) -> bool:
+    """Whether a load failed because the server is going away (its connection closed or refused, or it is stopping)."""
+    return any(word in error.lower() for word in ("connection closed", "connection refused", "connection reset", "stopping", "shutting down"))
 
 
 def latency_at(v: ServedVariant, percentile: int) -> float:

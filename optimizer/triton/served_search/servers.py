@@ -92,8 +92,8 @@ def remote_server(result: TuneResult, request: SearchRequest, search: ServedSear
     client = open_client(request.protocol, request.url, 10.0)
 
     def check_alive() -> None:
-        try:  # ready, not live: a server shutting down is still live but no longer ready, and loads fail on it
-            if client.is_server_ready():
+        try:  # a server shutting down still answers here; the loads that fail on it tell (SearchRun._measure_group)
+            if client.is_server_live():
                 return
         except Exception:
             pass
