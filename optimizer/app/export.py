@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.app.plan import plan_run
-from optimizer.errors import ConfigRuleError, Interrupted, NoCandidateError, PublishError, SettingsError, TemplateError
+from optimizer.errors import ConfigRuleError, Interrupted, NoCandidateError, PublishError, ServerError, SettingsError, TemplateError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz, save_feeds
@@ -189,21 +189,24 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
                             user_max=settings.batch_cap(), wait_for_cores_s=settings.wait_for_cores_s, url=settings.url,
                             protocol=settings.protocol, server_version=plan.server.describe().split(" at ")[0] if plan.server is not None else "",
                             use_cache=settings.cache)
+    tried = {result.selected}
     while True:
         search = served_search(result, options, request, on_event)
-        following = _next_candidate(result) if search.refused else None
+        following = _next_candidate(result, tried) if search.refused else None
+        if search.refused and following is None:
+            raise ServerError(f"the Triton at {settings.url} refused every candidate; the last: {result.selected}: {search.reason}. "
+                              "Export for another --backend, or serve it on a Triton release that has the backend.")
         if following is None:
             return search
         refused = result.selected_candidate
         refused.reason = f"{refused.reason}; refused by the Triton at {settings.url}: {search.reason}".lstrip("; ")
         on_event(Event("serve", "progress", refused.name, f"the server at {settings.url} refused it; trying {following.name}"))
         result.selected, result.max_batch_size = following.name, following.decision.max_batch_size
-        result.refused = [*getattr(result, "refused", []), refused.name]
+        tried.add(following.name)
 
 
-def _next_candidate(result: TuneResult) -> Any:
+def _next_candidate(result: TuneResult, tried: set[str | None]) -> Any:
     """The fastest passed candidate not tried on the user's server yet (None: none left)."""
-    tried = {result.selected, *getattr(result, "refused", [])}
     left = [c for c in result.candidates if c.passed and c.name not in tried and c.artifact is not None and c.decision is not None
             and c.decision.profiles]
     return max(left, key=lambda c: c.decision.best.throughput, default=None)

@@ -44,10 +44,12 @@ __all__ = ["SearchRequest", "served_search", "request_mix", "STAND_IN_LABEL"]
 
 
 def served_search(result: TuneResult, options: PublishOptions, request: SearchRequest, on_event: EventSink = ignore) -> ServedSearch:
-    """Search the served operating point of `result`'s selected artifact; never raises for a model it cannot serve.
+    """Search the served operating point of `result`'s selected artifact; never raises for a model the bundled server
+    cannot serve. On the user's server (--url) a failure that is the server's (gone, refusing the search) raises
+    ServerError: nothing is published from half a search there.
 
     Returns a ServedSearch with status "searched" (chosen = the best variant measured) or "skipped" (reason; chosen
-    = the rules' point, which publishing then keeps).
+    = the rules' point, which publishing then keeps; `refused` when the user's server would not load the artifact).
     """
     t0 = time.monotonic()
     artifact = result.selected_candidate.artifact
