@@ -163,10 +163,16 @@ class SearchRun:
         back = {} if self.fronted else {original: served for served, original in self.renamed.items()}
         feeds = [{back.get(k, k): a for k, a in feed.items()} for feed in load_feeds(Path(reference.feeds))]
         outputs = [{back.get(k, k): a for k, a in out.items()} for out in load_feeds(Path(reference.outputs))]
+        from tritonclient.utils import InferenceServerException
+
+        from optimizer.triton.server import triton_message
+
         client = open_client(self.request.protocol, self.bench.url, self.bench.timeout_s)
         try:
             check = check_answers(client, self.request.protocol, name, served_config(client, name), feeds, outputs, list(reference.points),
                                   tolerances_from_json(self.result.tolerances))
+        except (InferenceServerException, OSError) as err:  # its config could not be read back: the server is not serving it
+            return f"Triton answered: {triton_message(err)}"
         finally:
             client.close()
         return "" if check.passed else check.error
