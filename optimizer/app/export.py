@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 
 SERVE_SEARCH_SHARE = 0.4
 MIN_SERVE_SEARCH_S = 90.0
-"""Without --serve-search-seconds the search may take 40% of the tuning time, at least 90 s: enough for the coarse pass
-and the refinement of the bundled CNN (about 6 s a variant with the onnxruntime stand-in)."""
+"""Without --serve-search-seconds the search may take 40% of the tuning time, at least 90 s. Meant to cover the coarse pass
+and the refinement of the bundled CNN; not yet measured on a quiet machine (a variant cost about 2 s at a fixed load and
+10-20 s swept, beside other jobs)."""
 
 
 @dataclass
