@@ -24,6 +24,7 @@ from optimizer.triton.model_config import parse
 from optimizer.triton.served_search.points import on_free_cores
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.serial  # the probe must find the cores as this test leaves them: no other test beside it
 needs_two_cores = pytest.mark.skipif(len(available_cores()) < 2, reason="needs two cores: with one there is none to leave to another job")
 HALF = CoreShare((1,), (0, 1), 1.0)  # a two-core machine with core 0 kept busy by another job
 

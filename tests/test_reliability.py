@@ -70,6 +70,7 @@ def _valid_model(model_dir: Path) -> bool:
     return config.name == model_dir.name and (model_dir / "1" / "model.onnx").stat().st_size > 0
 
 
+@pytest.mark.serial  # looks for leftover candidate processes machine-wide
 def test_killing_an_export_at_random_moments_never_damages_the_repository(in_tmp: Path):
     args = [*CLI, "export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "4",
             "--eager-gate", "disabled", "--cache-dir", str(in_tmp / "cache"), "--overwrite", "--serve-search-seconds", "6"]

@@ -15,7 +15,7 @@ SEARCH_STATUSES = ("searched", "skipped", "off")
 
 OBJECTIVES = ("concurrency", "latency", "max-throughput")
 """concurrency: the most throughput at --concurrency N; latency: the most throughput at any load whose percentile latency
-meets --latency-budget-ms; max-throughput: the most throughput the config sustains (Model Analyzer's default objective)."""
+meets --latency-budget-ms; max-throughput (no load given): the variant closest to the best at every load of one ladder (objective.robust_ratios)."""
 
 
 @dataclass(frozen=True)

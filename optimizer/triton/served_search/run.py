@@ -19,6 +19,7 @@ from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_co
 from optimizer.triton.model_config import canonical, config_signature, parse
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.loader import VariantLoader, private_name
+from optimizer.triton.served_search.objective import robust_ratios
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, settle_level, sweep, warm_up
 from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, refinements, seed_concurrency
 from optimizer.triton.served_search.request import SearchRequest
@@ -50,6 +51,7 @@ class SearchRun:
         self.runtime: str | None = None  # the first loaded variant's config `runtime` ("model.py": a Python-based backend)
         self.translate = request.url is None  # the bundled 2.51 core needs torch_aoti translated; a user's server decides by loading
         self.gone = ""  # why the server stopped answering, when it did
+        self.robust: dict[OperatingPoint, tuple[float, int]] = {}  # no load given: each point's worst ratio to the best, and where
 
     # -- the order ---------------------------------------------------------------------------------------------------
     def explore(self, space: SearchSpace) -> str:
@@ -69,11 +71,26 @@ class SearchRun:
     def ranked(self) -> list[ServedVariant]:
         """Measured variants, best first by the objective (each point's latest measurement)."""
         pool = [v for v in self.seen.values() if v.status == "measured" and v.throughput is not None]
+        if self.objective.kind == "max-throughput":
+            return self._robust(pool)
         ranked: list[ServedVariant] = []
         for v in pool:
             i = next((k for k, r in enumerate(ranked) if better(v, r, self.request.latency_budget_ms, self.request.percentile)), len(ranked))
             ranked.insert(i, v)
         return ranked
+
+    def _robust(self, pool: list[ServedVariant]) -> list[ServedVariant]:
+        """No load given: highest worst ratio to the best at each load of the ladder first; ratios within the noise of
+        the leader's go to the one that sustains more (its peak)."""
+        if not pool:
+            return []
+        ratios = robust_ratios({id(v): v.curve for v in pool})
+        self.robust = {v.point: ratios[id(v)] for v in pool}
+        top = max(r for r, _ in ratios.values())
+        lead = [v for v in pool if ratios[id(v)][0] >= top - THROUGHPUT_NOISE]
+        rest = [v for v in pool if ratios[id(v)][0] < top - THROUGHPUT_NOISE]
+        return (sorted(lead, key=lambda v: -max(lv.throughput for lv in v.curve))
+                + sorted(rest, key=lambda v: -ratios[id(v)][0]))
 
     # -- measuring -----------------------------------------------------------------------------------------------------
     def measure(self, points: list[OperatingPoint], stage: str) -> list[ServedVariant]:
@@ -198,7 +215,10 @@ class SearchRun:
     def _record(self, v: ServedVariant) -> None:
         self.search.variants.append(v)
         self.costs.append(v.seconds)
-        if v.status == "measured":
+        if v.status == "measured" and self.objective.kind == "max-throughput":
+            self.seen[v.point] = v
+            self.best = self.ranked()[0]
+        elif v.status == "measured":
             top = max((x.throughput or 0.0) for x in self.seen.values()) if self.seen else None
             self.seen[v.point] = v
             if self.best is None or better(v, self.best, self.request.latency_budget_ms, self.request.percentile, top):
@@ -218,6 +238,8 @@ class SearchRun:
         """When the runner-up is within the noise of repeated measurement of the best, measure both again interleaved
         (A B A B) at one load with longer windows, and keep the one that serves more (then the lower latency)."""
         ranked = self.ranked()
+        if self.objective.kind == "max-throughput":  # ranked against every variant at every load, not one level
+            return
         if len(ranked) < 2 or not close(ranked[0], ranked[1]):
             return
         a, b = ranked[0], ranked[1]

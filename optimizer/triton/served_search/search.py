@@ -152,6 +152,9 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
             run.base()
     search.chosen = run.best.point
     search.concurrency = run.best.concurrency
+    if run.best.point in run.robust:
+        worst, at = run.robust[run.best.point]
+        search.load += f"; it served {worst:.2f}x the best variant measured at its worst load (concurrency {at})"
     search.concurrency_source = ("--concurrency" if request.concurrency else
                                  f"where the published variant {'met the budget with the most throughput' if request.latency_budget_ms is not None else 'reached its peak'} in its sweep")
     _predict(search, result)
