@@ -269,6 +269,25 @@ def test_a_close_call_is_measured_again_interleaved_and_the_faster_kept(monkeypa
     assert run.best.point == OperatingPoint(16, (), 0, 2, 1)
 
 
+def _padded_to_max(point: OperatingPoint, c: int) -> LoadLevel:
+    """A made-up padding backend (as the openvino backend does): every execution computes max_batch_size rows, 1 ms a
+    row on one instance, so a batch the load cannot fill wastes the rest."""
+    rows = max(1, point.max_batch_size)
+    formed = min(rows, c)  # c requests in flight form batches of up to c
+    return level(c, 1000.0 * formed / rows)
+
+
+def test_with_no_load_the_search_publishes_a_max_that_holds_up_at_light_loads_too(monkeypatch, tmp_path: Path):
+    run, search, _, _ = _run(monkeypatch, tmp_path, _padded_to_max, SearchRequest(tmp_path), decision_largest=8)
+    measured = [v for v in search.variants if v.status == "measured" and v.stage != "base"]
+    assert {lv.concurrency for v in measured for lv in v.curve} <= {4, 16, 64, 256}  # one ladder for every variant
+    assert {v.point.max_batch_size for v in measured} >= {4, 8}
+    # a max up to 4 fills at the ladder's lightest load; 8 pads there, and its sustained peak (the same 1000/s) hides it
+    assert run.best.point.max_batch_size <= 4 and run.best.point in {v.point for v in measured}
+    worst, _ = run.robust[run.best.point]
+    assert worst >= 0.95 and run.robust[next(v.point for v in measured if v.point.max_batch_size == 8)][0] <= 0.55
+
+
 def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp_path: Path):
     run, search, _, stopped = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path, budget_s=0.0), budget_s=-1.0)
     assert "time budget" in stopped
