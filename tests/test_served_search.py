@@ -286,6 +286,8 @@ def test_with_no_load_the_search_publishes_a_max_that_holds_up_at_light_loads_to
     assert run.best.point.max_batch_size <= 4 and run.best.point in {v.point for v in measured}
     worst, _ = run.robust[run.best.point]
     assert worst >= 0.95 and run.robust[next(v.point for v in measured if v.point.max_batch_size == 8)][0] <= 0.55
+    assert "A B B A" in search.settled  # maxima 1, 2 and 4 tie: the two best were measured again at every load
+    assert any(v.stage == "settle" and v.point == run.best.point for v in search.variants)
 
 
 def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp_path: Path):

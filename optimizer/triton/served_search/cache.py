@@ -1,6 +1,7 @@
 """The served search's cache: a re-run of the same export republishes the variants it measured without measuring again.
 
-The key is everything the measurements depend on: the artifact's files, the config the variants are rendered from
+The key is everything the measurements depend on: the search's own source (a development checkout does not bump the
+version, and a search changed by an upgrade must not republish the old one's choice), the artifact's files, the config the variants are rendered from
 (the rules' start, the platform's settings, the client contract), the request mix, the load and budget asked for,
 the server build (the bundled server's home, named by its version and stand-in sources; or a --url server's address
 and version), the target release and the machine. A search measured on the free cores of a busy machine is never
@@ -34,6 +35,8 @@ def search_key(result: TuneResult, start_config: str, request: Any, server_build
     from optimizer.triton.publish import model_files
 
     h = hashlib.sha256(f"aitune-export {__version__} served-search {CACHE_FORMAT}".encode())
+    for source in sorted(Path(__file__).parent.glob("*.py")):  # the search's own code: a changed search measures again
+        _hash_file(h, source)
     for target, source in sorted(model_files(result).items()):
         h.update(target.encode() + b"\0")
         _hash_file(h, source)

@@ -239,7 +239,7 @@ class SearchRun:
         (A B A B) at one load with longer windows, and keep the one that serves more (then the lower latency)."""
         ranked = self.ranked()
         if self.objective.kind == "max-throughput":  # ranked against every variant at every load, not one level
-            return
+            return self._settle_ladder(ranked)
         if len(ranked) < 2 or not close(ranked[0], ranked[1]):
             return
         a, b = ranked[0], ranked[1]
@@ -284,6 +284,46 @@ class SearchRun:
                 self.best = again
         self.search.settled = (f"{a.point.label} and {b.point.label} served within {100 * (1 - min(ratio, 1 / ratio)):.1f}% of each other, "
                                f"measured A B A B at concurrency {level}: {names[winner].point.label} kept")
+
+    def _settle_ladder(self, ranked: list[ServedVariant]) -> None:
+        """No load given and the two best within the noise of each other's worst ratio: measure both again, interleaved
+        (A B A B), at every load of the ladder both measured, and rank again on the means (one short window a load
+        moved a single measurement by 15-25% here, enough to swap a max that pads for one that does not)."""
+        if len(ranked) < 2:
+            return
+        a, b = ranked[0], ranked[1]
+        if self.robust[b.point][0] < self.robust[a.point][0] - THROUGHPUT_NOISE:
+            return
+        loads = sorted({lv.concurrency for lv in a.curve} & {lv.concurrency for lv in b.curve})
+        cost = 2 * SETTLE_ROUNDS * len(loads) * max(1.5, 3 * self.bench.window_ms / 1000.0) + max(self.costs)
+        if not loads or time.monotonic() + cost > self.deadline:
+            raise OutOfTime()
+        names = {self._next_name(): a, self._next_name(): b}
+        if self._load({n: self._config(v.point) for n, v in names.items()}):
+            self._unload(list(names))
+            return
+        levels: dict[str, dict[int, list[LoadLevel]]] = {n: {c: [] for c in loads} for n in names}
+        try:
+            for n in names:
+                warm_up(self.bench, n, loads[-1], WARMUP_PER_SLOT * loads[-1])
+            for r in range(SETTLE_ROUNDS):
+                for n in (list(names) if r % 2 == 0 else list(names)[::-1]):
+                    for c in loads:
+                        levels[n][c].append(measure_level(self.bench, n, c, self.bench.window_ms))
+        except ValidationError:
+            return
+        finally:
+            self._unload(list(names))
+        for n, v in names.items():
+            again = ServedVariant(v.point, "settle", curve=[mean_level(levels[n][c]) for c in loads],
+                                  reason=f"mean of {SETTLE_ROUNDS} interleaved measurements at each of concurrency {', '.join(map(str, loads))}")
+            again.score_at(self.objective.score(again.curve)[0])
+            self.search.variants.append(again)
+            self.seen[v.point] = again
+        self.best = self.ranked()[0]
+        worst = {v.point: self.robust[v.point][0] for v in names.values()}
+        self.search.settled = (f"{a.point.label} (worst {worst[a.point]:.2f}x the best) and {b.point.label} (worst {worst[b.point]:.2f}x) "
+                               f"measured again A B B A at concurrency {', '.join(map(str, loads))}: {self.best.point.label} kept")
 
     def base(self) -> None:
         """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
