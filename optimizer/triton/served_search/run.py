@@ -19,8 +19,8 @@ from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_co
 from optimizer.triton.model_config import canonical, config_signature, parse
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.loader import VariantLoader, private_name
-from optimizer.triton.served_search.objective import robust_ratios
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, settle_level, sweep, warm_up
+from optimizer.triton.served_search.objective import robust_ratios
 from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, refinements, seed_concurrency
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.servers import locally
@@ -287,7 +287,7 @@ class SearchRun:
 
     def _settle_ladder(self, ranked: list[ServedVariant]) -> None:
         """No load given and the two best within the noise of each other's worst ratio: measure both again, interleaved
-        (A B A B), at every load of the ladder both measured, and rank again on the means (one short window a load
+        (A B B A), at every load of the ladder both measured, and rank again on the means (one short window a load
         moved a single measurement by 15-25% here, enough to swap a max that pads for one that does not)."""
         if len(ranked) < 2:
             return
