@@ -51,7 +51,7 @@ class Objective:
             return f"the most throughput at concurrency {self.concurrency} (--concurrency)" + (f" with {budget}" if budget else "")
         if budget:
             return f"the most throughput at any concurrency whose {budget} (--latency-budget-ms)"
-        return ("the load is not known (no --concurrency or --latency-budget-ms): the variant closest to the best at every load "
+        return ("any load (none was given: no --concurrency or --latency-budget-ms): the variant closest to the best at every load "
                 f"of the ladder {LADDER_START}, {LADDER_START * LADDER_STEP}, {LADDER_START * LADDER_STEP ** 2}, ... concurrent requests")
 
     def first_level(self, seed: int) -> int:
