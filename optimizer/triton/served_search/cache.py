@@ -1,8 +1,8 @@
 """The served search's cache: a re-run of the same export republishes the variants it measured without measuring again.
 
 The key is everything the measurements depend on: the search's own source (a development checkout does not bump the
-version, and a search changed by an upgrade must not republish the old one's choice), the artifact's files, the config the variants are rendered from
-(the rules' start, the platform's settings, the client contract), the request mix, the load and budget asked for,
+version, and a changed search must not republish the old one's choice), the artifact's files, the config the variants
+are rendered from (the rules' start, the platform's settings, the client contract), the request mix, the load and budget asked for,
 the server build (the bundled server's home, named by its version and stand-in sources; or a --url server's address
 and version), the target release and the machine. A search measured on the free cores of a busy machine is never
 stored (as in-process measurements on fewer cores are not). An entry is written aside and renamed into place; one

@@ -5,7 +5,7 @@
   (Model Analyzer's constraint semantics); with `--concurrency` too, at N within MS.
 - neither: the load is not known, so the config must hold up at any load. Every variant is swept over one ladder of
   loads (4, 16, 64, ... concurrent requests, until throughput grows less than the noise) and the variant whose worst
-  ratio to the best measured at each load is highest wins (`robust_ratio`). Measured here: the bundled CNN's
+  ratio to the best measured at each load is highest wins (`robust_ratios`). Measured here: the bundled CNN's
   OpenVINO winner at its most sustained throughput (max 16, 1075/s at concurrency 128) served 0.66x the best grid
   point at concurrency 16, because the openvino backend pads every batch to max_batch_size; the single figure
   Model Analyzer's default objective ranks by hides that.
