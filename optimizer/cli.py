@@ -412,7 +412,8 @@ def _print_validation(record: Any) -> None:
         click.echo("    concurrency  infer/s   p50 ms   p95 ms   p99 ms  server batch")
         for r in record.perf["rows"]:
             batch = f"{r['server_batch']:.2f}" if r.get("server_batch") else "-"
-            click.echo(f"    {r['concurrency']:>11}  {r['throughput']:>7.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {batch:>12}")
+            rough = "  rough: never settled" if r["concurrency"] in record.perf.get("unstable", []) else ""
+            click.echo(f"    {r['concurrency']:>11}  {r['throughput']:>7.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {batch:>12}{rough}")
         if record.predictions:
             each = ", ".join(f"{p['served']:.1f}/{p['predicted']:.1f} at {p['concurrency']}" for p in record.predictions)
             click.echo(f"  served / predicted at loads the served search did not measure = {record.throughput_ratio:.2f}x ({each}; "
