@@ -4,6 +4,7 @@ server, why it skips, and a real search end to end."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search import SearchRequest, served_search
 from optimizer.triton.served_search import run as search_module
 from optimizer.triton.served_search.objective import Objective, robust_ratios
-from optimizer.triton.served_search.points import SearchSpace, better, close, coarse_grid, layouts, max_batches, refinements, seed_concurrency
+from optimizer.triton.served_search.points import SearchSpace, better, close, coarse_grid, fill_delay_us, layouts, max_batches, refinements, seed_concurrency
 from optimizer.triton.served_search.prediction import predict_throughput
 from tests.conftest import run_cli
 from tests.triton_records import make_result
@@ -79,6 +80,24 @@ def test_refinement_tries_the_rules_delay_and_preferred_size_and_a_max_between_m
     halved = refinements(OperatingPoint(256, (256,), 1, 1, 2), space(peak=256, largest_fit=256), {OperatingPoint(64, (), 0, 1, 2)})
     assert OperatingPoint(128, (), 1, 1, 2) in halved  # a preferred size above the new max is dropped, never published
     assert all(max(p.preferred, default=0) <= p.max_batch_size for p in halved)
+
+
+def test_a_fill_delay_is_tried_only_where_the_lightest_load_left_batches_unfilled():
+    """A backend that pads to max_batch_size wants the light load's requests to meet: a delay about a quarter of their
+    latency, bounded; never where the batches already filled, and never for a variant that cannot batch."""
+    point = OperatingPoint(4, (), 0, 1, 2)
+
+    def measured(batch: float | None, p50: float = 4.0, at: int = 4) -> ServedVariant:
+        return ServedVariant(point, "coarse", curve=[LoadLevel(at, 500.0, p50, p50, p50, p50, batch), LoadLevel(16, 900.0, 9, 9, 9, 9, 4.0)])
+
+    assert fill_delay_us(measured(1.9), space()) == 1000  # 4 ms at the lightest load: 1000 us
+    assert OperatingPoint(4, (), 1000, 1, 2) in refinements(point, space(), set(), fill_delay_us(measured(1.9), space()))
+    assert fill_delay_us(measured(3.8), space()) is None  # the batch already filled
+    assert fill_delay_us(measured(1.0, at=1), space()) is None  # one request at a time can form nothing larger
+    assert fill_delay_us(measured(1.2, p50=400.0), space()) == 5000  # bounded
+    assert fill_delay_us(measured(1.2, p50=0.1), space()) == 400  # never shorter than twice the rules' delay (200 us here)
+    assert fill_delay_us(measured(None), space()) is None  # no batch figure: nothing to go on
+    assert fill_delay_us(replace(measured(1.5), point=OperatingPoint(1, (), 0, 1, 2)), space()) is None
 
 
 def test_the_seed_is_two_peak_batches_in_flight_per_instance():
@@ -288,6 +307,19 @@ def test_with_no_load_the_search_publishes_a_max_that_holds_up_at_light_loads_to
     assert worst >= 0.95 and run.robust[next(v.point for v in measured if v.point.max_batch_size == 8)][0] <= 0.55
     assert "A B B A" in search.settled  # maxima 1, 2 and 4 tie: the two best were measured again at every load
     assert any(v.stage == "settle" and v.point == run.best.point for v in search.variants)
+
+
+def test_with_no_load_a_variant_out_of_the_running_stops_climbing_the_ladder(monkeypatch, tmp_path: Path):
+    """Two single-thread instances serve a fifth of one two-thread instance here: their ladder stops at its first load
+    (more loads could only lower their worst ratio), saying why, and the time goes to variants that can still win."""
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        return level(c, min(100.0 * c, 1000.0) * (0.2 if point.instances == 2 else 1.0))
+
+    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8)
+    split = [v for v in search.variants if v.status == "measured" and v.point.instances == 2]
+    assert split and all(len(v.curve) == 1 and "out of the running" in v.reason for v in split)
+    assert all(len(v.curve) >= 2 for v in search.variants if v.status == "measured" and v.point.instances == 1 and v.stage in ("start", "coarse"))
+    assert run.best.point.instances == 1
 
 
 def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp_path: Path):

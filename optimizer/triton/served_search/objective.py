@@ -25,6 +25,11 @@ MAX_SWEEP_CONCURRENCY = 256
 LADDER_START, LADDER_STEP = 4, 4
 """The loads every variant is measured at when none is given: 4, 16, 64, 256 (log-spaced, so a light, a medium and a
 heavy load each have a measurement; a step of 4 keeps a variant's sweep to 3-4 levels)."""
+OUT_OF_RUNNING = 0.15
+"""No load given: a variant whose worst ratio at the loads it measured is this far below the leader's worst ratio stops
+climbing the ladder. More loads can only lower its worst ratio, and the margin covers the leader's own dropping as
+others are measured (one config measured twice differs by up to 10% here). Why: on the bundled CNN each 2 x 1-thread
+layout climbed to 256 (10 s) after serving 0.14x-0.39x the best at concurrency 4."""
 LATENCY_DOUBLED = 2.2
 """A doubled load whose latency grew more than this much queued instead of being served: the sweep stops there."""
 
@@ -115,6 +120,12 @@ class Objective:
         return self.latency_budget_ms is None or level.latency(self.percentile) <= self.latency_budget_ms
 
 
+def served_at(curve: list[LoadLevel], c: int) -> float | None:
+    """What a curve served at load `c`: its last level at or below `c` (flat past its plateau), None below its first."""
+    below = [lv for lv in curve if lv.concurrency <= c]
+    return max(below, key=lambda lv: lv.concurrency).throughput if below else None
+
+
 def robust_ratios(curves: dict[object, list[LoadLevel]]) -> dict[object, tuple[float, int]]:
     """Each curve's worst ratio to the most any curve served at the same load, and the load where it is worst.
 
@@ -123,13 +134,20 @@ def robust_ratios(curves: dict[object, list[LoadLevel]]) -> dict[object, tuple[f
     count for it (unmeasured, and the ladder starts every curve at the same load)."""
     loads = sorted({lv.concurrency for curve in curves.values() for lv in curve})
 
-    def at(curve: list[LoadLevel], c: int) -> float | None:
-        below = [lv for lv in curve if lv.concurrency <= c]
-        return max(below, key=lambda lv: lv.concurrency).throughput if below else None
 
-    best = {c: max((t for curve in curves.values() if (t := at(curve, c)) is not None), default=0.0) for c in loads}
+    best = {c: max((t for curve in curves.values() if (t := served_at(curve, c)) is not None), default=0.0) for c in loads}
     out = {}
     for key, curve in curves.items():
-        ratios = [(t / best[c], c) for c in loads if best[c] > 0 and (t := at(curve, c)) is not None]
+        ratios = [(t / best[c], c) for c in loads if best[c] > 0 and (t := served_at(curve, c)) is not None]
         out[key] = min(ratios) if ratios else (0.0, 0)
     return out
+
+
+def worst_so_far(curve: list[LoadLevel], others: list[list[LoadLevel]]) -> tuple[float, int]:
+    """A partial curve's worst ratio to the most any curve (itself included) served at each load it measured, and where."""
+    ratios = []
+    for lv in curve:
+        best = max([lv.throughput, *(t for other in others if (t := served_at(other, lv.concurrency)) is not None)])
+        if best > 0:
+            ratios.append((lv.throughput / best, lv.concurrency))
+    return min(ratios, default=(0.0, 0))

@@ -5,8 +5,9 @@ and both served benchmarks (one way to build, label and score a variant):
 - the coarse pass: every instance layout x max batch (the in-process peak, 2x, 4x, the largest batch that fit), with no
   queue delay and no preferred sizes (Model Analyzer's batcher defaults, and Triton's guidance to leave preferred sizes
   unset unless a model serves specific sizes best);
-- the refinement around the best two: the rules' queue delay, the rules' preferred size, and the max batch halfway to
-  an unmeasured neighbour;
+- the refinement around the best two: the rules' queue delay, a delay long enough for the lightest load to fill the
+  batch (when the batcher formed smaller ones there), the rules' preferred size, and the max batch halfway to an
+  unmeasured neighbour;
 - `better`: the objective's comparison (budget first, then throughput beyond the noise, then a clearly lower latency).
 The user's --max-batch-size is never changed and the largest batch that fit in-process is never exceeded.
 """
@@ -29,6 +30,10 @@ MAX_INSTANCES = 8
 COARSE_SIZES = 4
 """The coarse pass measures this many max batch sizes per layout when the caps leave room for them."""
 MAX_SEED_CONCURRENCY = 64
+FILL_DELAY_SHARE = 0.25
+"""A fill delay is this share of a request's median latency at the lightest load: about the time a client's next request
+takes to come back round (client, network and the server's request handling), small beside the batch it fills."""
+FILL_DELAY_MAX_US = 5000
 
 
 @dataclass(frozen=True)
@@ -102,15 +107,18 @@ def coarse_grid(space: SearchSpace) -> list[OperatingPoint]:
     return [OperatingPoint(b, (), 0, n, t) for b in sizes for n, t in layouts(space)]
 
 
-def refinements(best: OperatingPoint, space: SearchSpace, measured: set[OperatingPoint]) -> list[OperatingPoint]:
-    """Variants around a good coarse point: the rules' queue delay, the rules' preferred size (with and without the delay),
-    and a max halfway (in powers of two) to the next measured max when the gap is wider than 2x."""
+def refinements(best: OperatingPoint, space: SearchSpace, measured: set[OperatingPoint], fill_delay: int | None = None) -> list[OperatingPoint]:
+    """Variants around a good coarse point: the rules' queue delay, a delay that fills the batch (`fill_delay_us`), the
+    rules' preferred size (with and without the delay), and a max halfway (in powers of two) to the next measured max
+    when the gap is wider than 2x."""
     out: list[OperatingPoint] = []
     if space.batching and best.max_batch_size > 1:
         preferred = _reachable(space.peak, space)
         delay = space.rules_delay_us
         if delay:
             out.append(replace(best, queue_delay_us=delay))
+        if fill_delay:
+            out.append(replace(best, queue_delay_us=fill_delay))
         if 1 < preferred < best.max_batch_size:
             out.append(replace(best, preferred=(preferred,)))
             if delay:
@@ -125,6 +133,23 @@ def refinements(best: OperatingPoint, space: SearchSpace, measured: set[Operatin
             half = best.max_batch_size // 2
             out.append(replace(best, max_batch_size=half, preferred=tuple(b for b in best.preferred if b <= half)))
     return [p for p in dict.fromkeys(out) if p not in measured and all(1 < b <= p.max_batch_size for b in p.preferred)]
+
+
+def fill_delay_us(v: ServedVariant, space: SearchSpace) -> int | None:
+    """A queue delay that lets the lightest load measured fill the batch, when the batcher formed clearly smaller batches
+    there than that load could: a backend that pads every execution to max_batch_size (openvino) pays for a full batch
+    either way. None when the batches already filled, or when the delay would not be longer than the variant's.
+
+    Why: the bundled transformer's best at concurrency 4 was max 4 with a 1000 us delay, and the rules' 40 us never
+    let the four clients' requests meet."""
+    if not space.batching or v.point.max_batch_size <= 1 or not v.curve:
+        return None
+    light = v.curve[0]
+    could = min(v.point.max_batch_size, light.concurrency)
+    if light.server_batch is None or could <= 1 or light.server_batch >= 0.9 * could:
+        return None
+    delay = min(FILL_DELAY_MAX_US, max(100, 2 * space.rules_delay_us, int(round(light.p50_ms * 1000 * FILL_DELAY_SHARE, -2))))
+    return delay if delay > v.point.queue_delay_us else None
 
 
 def _reachable(size: int, space: SearchSpace) -> int:

@@ -20,8 +20,8 @@ from optimizer.triton.model_config import canonical, config_signature, parse
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.loader import VariantLoader, private_name
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, settle_level, sweep, warm_up
-from optimizer.triton.served_search.objective import robust_ratios
-from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, refinements, seed_concurrency
+from optimizer.triton.served_search.objective import OUT_OF_RUNNING, robust_ratios, worst_so_far
+from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, fill_delay_us, refinements, seed_concurrency
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.servers import locally
 
@@ -67,7 +67,7 @@ class SearchRun:
         try:
             self.measure([p for p in coarse_grid(space) if p not in self.seen], "coarse")
             top = self.ranked()[:2]
-            self.measure([p for v in top for p in refinements(v.point, space, set(self.seen))], "refine")
+            self.measure([p for v in top for p in refinements(v.point, space, set(self.seen), fill_delay_us(v, space))], "refine")
         except OutOfTime:
             stopped = f"the time budget ({self.request.budget_s:.0f} s, --serve-search-seconds) ran out"
         except ServerGone as err:
@@ -120,6 +120,18 @@ class SearchRun:
         rest = [v for v in pool if ratios[id(v)][0] < top - THROUGHPUT_NOISE]
         return (sorted(lead, key=lambda v: -max(lv.throughput for lv in v.curve))
                 + sorted(rest, key=lambda v: -ratios[id(v)][0]))
+
+    def _out_of_running(self, curve: list[LoadLevel]) -> str:
+        """No load given: why a variant's ladder stops early ("" while it can still win): its worst ratio at the loads it
+        measured is already OUT_OF_RUNNING below the leader's worst ratio, and more loads can only lower it."""
+        if self.best is None or self.best.point not in self.robust:
+            return ""
+        worst, at = worst_so_far(curve, [v.curve for v in self.seen.values() if v.status == "measured"])
+        lead = self.robust[self.best.point][0]
+        if worst >= lead - OUT_OF_RUNNING:
+            return ""
+        return (f"stopped climbing at concurrency {curve[-1].concurrency}: {worst:.2f}x the best at concurrency {at}, "
+                f"out of the running (the leader's worst is {lead:.2f}x)")
 
     # -- measuring -----------------------------------------------------------------------------------------------------
     def measure(self, points: list[OperatingPoint], stage: str) -> list[ServedVariant]:
@@ -233,7 +245,8 @@ class SearchRun:
             warm_up(self.bench, name, first, WARMUP_PER_SLOT * first)
             v.seconds = round(v.seconds + time.monotonic() - t0, 2)
             window = self.bench.window_ms
-            sweep(v, self.objective, seed, lambda c: measure_level(self.bench, name, c, window), explore_down=v.stage != "coarse")
+            sweep(v, self.objective, seed, lambda c: measure_level(self.bench, name, c, window), explore_down=v.stage != "coarse",
+                  out_of_running=self._out_of_running if self.objective.kind == "max-throughput" else None)
         except ValidationError as err:
             v.status, v.reason = "failed", str(err)
         except (InferenceServerException, OSError) as err:  # the server refused the warm-up, or closed the connection dying
