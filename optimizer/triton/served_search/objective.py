@@ -26,10 +26,12 @@ LADDER_START, LADDER_STEP = 4, 4
 """The loads every variant is measured at when none is given: 4, 16, 64, 256 (log-spaced, so a light, a medium and a
 heavy load each have a measurement; a step of 4 keeps a variant's sweep to 3-4 levels)."""
 OUT_OF_RUNNING = 0.15
-"""No load given: a variant whose worst ratio at the loads it measured is this far below the leader's worst ratio stops
-climbing the ladder. More loads can only lower its worst ratio, and the margin covers the leader's own dropping as
-others are measured (one config measured twice differs by up to 10% here). Why: on the bundled CNN each 2 x 1-thread
-layout climbed to 256 (10 s) after serving 0.14x-0.39x the best at concurrency 4."""
+OUT_OF_RUNNING_BELOW = 0.5
+"""No load given: a variant whose worst ratio at the loads it measured is below half the best and OUT_OF_RUNNING below
+the leader's worst ratio stops climbing the ladder. More loads can only lower its worst ratio; the leader's drops too as
+others are measured (early on it is 1.0, the only curve), so the floor keeps a variant within reach of a good one
+climbing (one config measured twice differs by up to 10% here). Why: on the bundled CNN each 2 x 1-thread layout
+climbed to 256 (10 s) after serving 0.14x-0.45x the best at concurrency 4."""
 LATENCY_DOUBLED = 2.2
 """A doubled load whose latency grew more than this much queued instead of being served: the sweep stops there."""
 

@@ -20,7 +20,7 @@ from optimizer.triton.model_config import canonical, config_signature, parse
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.loader import VariantLoader, private_name
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, settle_level, sweep, warm_up
-from optimizer.triton.served_search.objective import OUT_OF_RUNNING, robust_ratios, worst_so_far
+from optimizer.triton.served_search.objective import OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW, robust_ratios, worst_so_far
 from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, fill_delay_us, refinements, seed_concurrency
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.servers import locally
@@ -29,9 +29,12 @@ LOAD_GROUP = 4
 """Variants loaded at once before they are measured one after another: loads overlap each other (4 stand-in loads took
 5.5 s together against 2.2 s each here), never a measurement."""
 SETTLE_ROUNDS = 2
+"""A close call is measured A B A B: drift between rounds hits both, and each config is measured twice."""
+REFINE_ROUNDS = 3
+"""Refinement rounds at most: a round refines the best two, which a round can replace (on the bundled CNN a queue delay
+that filled the batch made max 4 the runner-up, and its own neighbours were then unmeasured)."""
 UNKNOWN_PLATFORM = "unexpected platform type"
 """Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
-"""A close call is measured A B A B: drift between rounds hits both, and each config is measured twice."""
 
 
 class SearchRun:
@@ -46,7 +49,8 @@ class SearchRun:
         self.fronted = needs_front(self.renamed, options.io_names)  # measured through the ensemble clients will call
         self.seen: dict[OperatingPoint, ServedVariant] = {}
         self.best: ServedVariant | None = None
-        self.costs: list[float] = []
+        self.costs: list[float] = []  # seconds per variant measured after the start (the start loads alone, so costs more)
+        self.start_cost = 0.0
         self.count = 0
         self.runtime: str | None = None  # the first loaded variant's config `runtime` ("model.py": a Python-based backend)
         self.translate = request.url is None  # the bundled 2.51 core needs torch_aoti translated; a user's server decides by loading
@@ -56,33 +60,46 @@ class SearchRun:
 
     # -- the order ---------------------------------------------------------------------------------------------------
     def explore(self, space: SearchSpace) -> str:
-        """Coarse pass, refinement of the best two, settle a close call; returns why the search ended.
+        """Coarse pass, refinement of the best two (repeated while it changes them), settle a close call; returns why the
+        search ended.
 
         The coarse pass and the refinement stop early enough to leave the settling its time. Why: on the bundled
         transformer a search that spent its whole budget exploring published max 4 on one short window each, and the
-        grid then served max 8 better at concurrency 16. Not shown to help yet: on the re-export the two best were not
-        close (worst ratios 0.85 and 0.50), nothing was settled, and the reserve ended the exploration at 67 s of 90."""
-        stopped = "every variant of the coarse pass and the refinement was measured"
-        self.explore_deadline = self.deadline - self._settle_reserve()
+        grid then served max 8 better at concurrency 16. When nothing was close enough to settle, the time kept for it
+        goes back to the refinement (on the CNN the reserve had ended the exploration at 61 s of 90, then went unused)."""
+        every = "every variant of the coarse pass and the refinement was measured"
+        out_of_time = f"the time budget ({self.request.budget_s:.0f} s, --serve-search-seconds) ran out"
+        stopped = every
         try:
-            self.measure([p for p in coarse_grid(space) if p not in self.seen], "coarse")
-            top = self.ranked()[:2]
-            self.measure([p for v in top for p in refinements(v.point, space, set(self.seen), fill_delay_us(v, space))], "refine")
-        except OutOfTime:
-            stopped = f"the time budget ({self.request.budget_s:.0f} s, --serve-search-seconds) ran out"
-        except ServerGone as err:
-            self.gone = str(err)
-            return f"{err}; the best variant measured before stands"
-        finally:
-            self.explore_deadline = self.deadline
-        try:
-            self.settle()
-        except OutOfTime:
-            pass
+            try:
+                self.explore_deadline = self.deadline - self._settle_reserve()
+                self._explore(space)
+            except OutOfTime:
+                stopped = out_of_time
+            finally:
+                self.explore_deadline = self.deadline
+            try:
+                self.settle()
+                if not self.search.settled and stopped == out_of_time:  # nothing to settle: the time kept for it explores
+                    stopped = every
+                    self._explore(space)
+            except OutOfTime:
+                stopped = out_of_time
         except ServerGone as err:
             self.gone = str(err)
             return f"{err}; the best variant measured before stands"
         return stopped
+
+    def _explore(self, space: SearchSpace) -> None:
+        """What the coarse pass has not measured yet, then the refinement around the best two, again while a round
+        replaced them (REFINE_ROUNDS at most)."""
+        self.measure([p for p in coarse_grid(space) if p not in self.seen], "coarse")
+        for _ in range(REFINE_ROUNDS):
+            top = self.ranked()[:2]
+            todo = [p for v in top for p in refinements(v.point, space, set(self.seen), fill_delay_us(v, space))]
+            if not todo:
+                return
+            self.measure(todo, "refine")
 
     def _settle_reserve(self) -> float:
         """Seconds kept for settling a close call: at the target load, or at three loads of the ladder."""
@@ -95,7 +112,7 @@ class SearchRun:
             per_level = max(1.5, 3 * self.bench.window_ms / 1000.0)
         else:
             per_level = max(2.0, 3 * 2 * self.bench.window_ms / 1000.0)
-        return 2 * SETTLE_ROUNDS * loads * per_level + (max(self.costs) if self.costs else 0.0)
+        return 2 * SETTLE_ROUNDS * loads * per_level + self._variant_cost()
 
     def ranked(self) -> list[ServedVariant]:
         """Measured variants, best first by the objective (each point's latest measurement)."""
@@ -123,12 +140,12 @@ class SearchRun:
 
     def _out_of_running(self, curve: list[LoadLevel]) -> str:
         """No load given: why a variant's ladder stops early ("" while it can still win): its worst ratio at the loads it
-        measured is already OUT_OF_RUNNING below the leader's worst ratio, and more loads can only lower it."""
+        measured is already below half and OUT_OF_RUNNING below the leader's, and more loads can only lower it."""
         if self.best is None or self.best.point not in self.robust:
             return ""
         worst, at = worst_so_far(curve, [v.curve for v in self.seen.values() if v.status == "measured"])
         lead = self.robust[self.best.point][0]
-        if worst >= lead - OUT_OF_RUNNING:
+        if worst >= min(lead - OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW):
             return ""
         return (f"stopped climbing at concurrency {curve[-1].concurrency}: {worst:.2f}x the best at concurrency {at}, "
                 f"out of the running (the leader's worst is {lead:.2f}x)")
@@ -148,10 +165,16 @@ class SearchRun:
 
     def _fits(self, wanted: int) -> int:
         """How many more variants fit in the budget at the slowest cost so far (the budget is a bound, not a target)."""
-        if not self.costs:
+        cost = self._variant_cost()
+        if not cost:
             return wanted
         left = self.explore_deadline - time.monotonic()
-        return max(0, min(wanted, int(left // max(self.costs))))
+        return max(0, min(wanted, int(left // cost)))
+
+    def _variant_cost(self) -> float:
+        """The slowest variant measured after the start (whose lone load took 15 s against 9 s for a loaded group's
+        share on the CNN here), else the start's."""
+        return max(self.costs) if self.costs else self.start_cost
 
     def _measure_group(self, group: list[OperatingPoint], stage: str) -> list[ServedVariant]:
         t0 = time.monotonic()
@@ -256,7 +279,10 @@ class SearchRun:
 
     def _record(self, v: ServedVariant) -> None:
         self.search.variants.append(v)
-        self.costs.append(v.seconds)
+        if v.stage == "start":
+            self.start_cost = v.seconds
+        else:
+            self.costs.append(v.seconds)
         if v.status == "measured" and self.objective.kind == "max-throughput":
             self.seen[v.point] = v
             self.best = self.ranked()[0]
@@ -369,7 +395,7 @@ class SearchRun:
         """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
         of validate's prediction for loads below the ones the search measured (prediction.py)."""
         best = self.best
-        if best is None or best.level(1) is not None or not self.costs or time.monotonic() + max(self.costs) > self.deadline:
+        if best is None or best.level(1) is not None or not self._variant_cost() or time.monotonic() + self._variant_cost() > self.deadline:
             return
         name = self._next_name()
         if self._load({name: self._config(best.point)}):
