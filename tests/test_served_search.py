@@ -328,6 +328,19 @@ def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp
     assert run.best.point in {v.point for v in search.variants if v.status == "measured"}
 
 
+def test_the_time_budget_ends_a_sweep_between_loads(monkeypatch, tmp_path: Path):
+    """A variant whose loads are slow to measure stops climbing when the budget is spent, says so, and still counts with
+    the loads it measured: the budget bounds the search, not only the start of each variant."""
+    def slow(point: OperatingPoint, c: int) -> LoadLevel:
+        time.sleep(0.1)
+        return level(c, min(100.0 * c, 5000.0))
+
+    run, search, _, stopped = _run(monkeypatch, tmp_path, slow, SearchRequest(tmp_path), budget_s=0.25)
+    start = search.variants[0]
+    assert start.stage == "start" and 1 <= len(start.curve) < 4  # the ladder 4, 16, 64, 256 would have been measured
+    assert "the time budget ran out" in start.reason and run.best is not None and "time budget" in stopped
+
+
 def test_a_server_that_answers_wrong_is_not_measured(monkeypatch, tmp_path: Path):
     run, search, loader, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path),
                                   wrong="output 'output__0' at batch=1: max abs error 3.2")

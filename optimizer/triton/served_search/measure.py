@@ -93,11 +93,11 @@ def measure_level(bench: Bench, model: str, concurrency: int, window_ms: int) ->
 
 
 def sweep(variant: ServedVariant, objective: Objective, seed: int, measure: Callable[[int], LoadLevel],
-          explore_down: bool = True, out_of_running: Callable[[list[LoadLevel]], str] | None = None) -> ServedVariant:
+          explore_down: bool = True, stop: Callable[[list[LoadLevel]], str] | None = None) -> ServedVariant:
     """Measure the variant at the levels the objective asks for, starting at `seed`, and score it.
 
     `explore_down` False keeps a sweep from stepping below its start (the coarse pass: only the peak decides there).
-    `out_of_running` says why the curve so far can no longer win ("" while it can): the sweep stops there and the
+    `stop` says why the sweep should end with the curve so far ("" to go on: out of the running, out of time): the
     variant's reason says so."""
     t0 = time.monotonic()
     level: int | None = objective.first_level(seed)
@@ -105,7 +105,7 @@ def sweep(variant: ServedVariant, objective: Objective, seed: int, measure: Call
     while level is not None:
         order.append(measure(level))
         level = objective.next_level(order)
-        if level is not None and out_of_running is not None and (why := out_of_running(order)):
+        if level is not None and stop is not None and (why := stop(order)):
             variant.reason, level = why, None
         if level is not None and not explore_down and level < order[0].concurrency and objective.latency_budget_ms is None:
             level = None

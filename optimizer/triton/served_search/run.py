@@ -138,6 +138,13 @@ class SearchRun:
         return (sorted(lead, key=lambda v: -max(lv.throughput for lv in v.curve))
                 + sorted(rest, key=lambda v: -ratios[id(v)][0]))
 
+    def _stop_climbing(self, curve: list[LoadLevel]) -> str:
+        """Why a variant's sweep ends before the objective is done with it ("" to go on): the time budget ran out (one
+        transformer variant's four loads once took 80 s of a 90 s budget), or it is out of the running."""
+        if time.monotonic() >= self.explore_deadline:
+            return f"stopped climbing at concurrency {curve[-1].concurrency}: the time budget ran out"
+        return self._out_of_running(curve) if self.objective.kind == "max-throughput" else ""
+
     def _out_of_running(self, curve: list[LoadLevel]) -> str:
         """No load given: why a variant's ladder stops early ("" while it can still win): its worst ratio at the loads it
         measured is already below half and OUT_OF_RUNNING below the leader's, and more loads can only lower it."""
@@ -269,7 +276,7 @@ class SearchRun:
             v.seconds = round(v.seconds + time.monotonic() - t0, 2)
             window = self.bench.window_ms
             sweep(v, self.objective, seed, lambda c: measure_level(self.bench, name, c, window), explore_down=v.stage != "coarse",
-                  out_of_running=self._out_of_running if self.objective.kind == "max-throughput" else None)
+                  stop=self._stop_climbing)
         except ValidationError as err:
             v.status, v.reason = "failed", str(err)
         except (InferenceServerException, OSError) as err:  # the server refused the warm-up, or closed the connection dying
