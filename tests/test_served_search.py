@@ -53,7 +53,7 @@ def test_cpu_layouts_never_use_more_threads_than_cores():
 
 
 def test_the_coarse_pass_covers_layouts_by_the_peak_2x_4x_and_the_largest_fit_without_delay_or_preferred_sizes():
-    grid = coarse_grid(space())
+    grid = coarse_grid(space(concurrency=64))
     assert {(p.max_batch_size, p.instances) for p in grid} == {(b, n) for b in (8, 16, 32, 64) for n in (1, 2)}
     assert all(p.queue_delay_us == 0 and p.preferred == () for p in grid)  # Model Analyzer's batcher defaults
     assert [p.max_batch_size for p in grid[:2]] == [8, 8]  # every layout at the peak before other sizes
@@ -64,7 +64,16 @@ def test_a_users_max_is_never_changed_and_the_largest_fit_never_exceeded():
     assert max(max_batches(space(peak=32, largest_fit=48))) == 48
     assert max_batches(space(peak=4, concurrency=8)) == [2, 4, 8]  # batch-1 requests at concurrency 8 never form more
     assert max_batches(space(batching=False)) == [0]
-    assert max_batches(space(peak=64, largest_fit=64)) == [8, 16, 32, 64]  # the peak at a cap: smaller maxima fill the pass
+    assert max_batches(space(peak=64, largest_fit=64, concurrency=64)) == [8, 16, 32, 64]  # the peak at a cap: smaller maxima fill the pass
+
+
+def test_with_no_load_the_coarse_pass_has_a_max_each_load_of_the_ladder_fills():
+    """A padding backend computes max_batch_size rows whatever arrives: a peak of 256 alone would leave the ladder's
+    concurrency 4 nothing it can fill."""
+    assert max_batches(space(peak=256, largest_fit=256)) == [4, 16, 64, 256]
+    assert max_batches(space(peak=2, largest_fit=8)) == [2, 4, 8]  # never above the largest fit
+    assert max_batches(space(peak=8, largest_fit=64)) == [4, 8, 16, 64]  # the peak and 2x stay
+    assert max_batches(space(peak=1, largest_fit=1)) == [1]
 
 
 def test_refinement_tries_the_rules_delay_and_preferred_size_and_a_max_between_measured_ones():

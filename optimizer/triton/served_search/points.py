@@ -2,9 +2,10 @@
 
 Pure functions of the in-process decision, the target load and the measurements so far, used by the search, report.md
 and both served benchmarks (one way to build, label and score a variant):
-- the coarse pass: every instance layout x max batch (the in-process peak, 2x, 4x, the largest batch that fit), with no
-  queue delay and no preferred sizes (Model Analyzer's batcher defaults, and Triton's guidance to leave preferred sizes
-  unset unless a model serves specific sizes best);
+- the coarse pass: every instance layout x max batch (the in-process peak, 2x, 4x, the largest batch that fit; with no
+  load given, a max each load of the ladder fills instead of 4x), with no queue delay and no preferred sizes (Model
+  Analyzer's batcher defaults, and Triton's guidance to leave preferred sizes unset unless a model serves specific
+  sizes best);
 - the refinement around the best two: the rules' queue delay, a delay long enough for the lightest load to fill the
   batch (when the batcher formed smaller ones there), the rules' preferred size, and the max batch halfway to an
   unmeasured neighbour;
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from optimizer.records.measurements import MaxBatchDecision
 from optimizer.records.served_search import OperatingPoint, ServedVariant
+from optimizer.triton.served_search.objective import LADDER_START, LADDER_STEP, MAX_SWEEP_CONCURRENCY
 
 THROUGHPUT_NOISE = 0.03
 """perf_analyzer's spread between windows on a shared CPU machine: a variant must serve this much more to count as better."""
@@ -84,18 +86,33 @@ def layouts(space: SearchSpace) -> list[tuple[int, int | None]]:
 def max_batches(space: SearchSpace) -> list[int]:
     """The max batch sizes of the coarse pass: the peak, 2x, 4x and the largest that fit, within every cap, ascending.
 
-    A target load N caps them at N: batch-1 requests at concurrency N never form a larger batch."""
+    A target load N caps them at N: batch-1 requests at concurrency N never form a larger batch. With no load given
+    the config must hold up at every load of the ladder, so a max that each load can fill is measured instead of 4x
+    the peak: a backend that pads to max_batch_size (openvino) computes a full batch whatever arrives, and on the
+    bundled transformer (peak 256) the coarse pass had measured nothing below 32 for the ladder's concurrency 4."""
     if not space.batching:
         return [0]
     if space.fixed_max:
         return [space.fixed_max]
     cap = min(space.largest_fit, space.concurrency) if space.concurrency else space.largest_fit
+    if not space.concurrency:  # no load given: a max each load of the ladder fills, besides the peak, 2x and the largest
+        sizes = {max(1, min(b, cap)) for b in (space.peak, 2 * space.peak, space.largest_fit, *ladder_loads(cap))}
+        return sorted(sizes)
     sizes = {max(1, min(b, cap)) for b in (space.peak, 2 * space.peak, 4 * space.peak, space.largest_fit)}
     smaller = min(sizes) // 2
     while len(sizes) < COARSE_SIZES and smaller >= 2:  # the peak is at a cap: smaller maxima, which the server's per-request
         sizes.add(smaller)  # cost can favour, fill the pass instead
         smaller //= 2
     return sorted(sizes)
+
+
+def ladder_loads(cap: int) -> list[int]:
+    """The ladder's loads (objective.py) up to `cap`."""
+    loads, c = [], LADDER_START
+    while c <= min(cap, MAX_SWEEP_CONCURRENCY):
+        loads.append(c)
+        c *= LADDER_STEP
+    return loads
 
 
 def coarse_grid(space: SearchSpace) -> list[OperatingPoint]:
