@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 import json
 from pathlib import Path
 
@@ -160,7 +161,11 @@ def test_a_level_that_never_settles_is_measured_roughly_and_flagged_not_failed(t
     with LocalTritonServer(repo) as server:
         server.load("double")
         result = run_perf_analyzer("double", server.http_url, data, tmp_path / "pa", settings)
+        quick = run_perf_analyzer("double", server.http_url, data, tmp_path / "pa", replace(settings, retry_alone=False))
     assert result.unstable == [1]
     assert [r.concurrency for r in result.rows] == [1] and result.rows[0].throughput > 0
     assert 0 < result.rows[0].p50_ms <= result.rows[0].p99_ms
     assert "still unstable: 1" in result.note and f"mean of {ROUGH_WINDOWS} windows" in result.note
+    # the served search's way: no retry with longer windows, straight to the rough mean
+    assert quick.unstable == [1] and quick.rows[0].throughput > 0
+    assert "re-measured" not in quick.note and "did not settle within 0%" in quick.note

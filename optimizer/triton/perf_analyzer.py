@@ -118,6 +118,8 @@ class PerfSettings:
     timeout_s: float = 900.0
     warmup_requests: int = 0  # sent at the first level and discarded before measuring (perf_analyzer 2.51 has no warm-up option)
     retry_stability_percentage: int = 100  # the tolerance when an unsettled level is measured again alone
+    retry_alone: bool = True  # False: an unsettled level goes straight to the rough mean of three windows (the served
+    # search, whose close calls are measured again interleaved: a retry there cost up to 6 s a load)
 
 
 @dataclass
@@ -267,7 +269,9 @@ def run_perf_analyzer(model: str, url: str, input_data: Path, workdir: Path, set
         raise PerfAnalyzerFailed(f"perf_analyzer failed: {reason}", result)
     retry = replace(settings, measurement_interval_ms=settings.measurement_interval_ms * 2,
                     stability_percentage=max(settings.retry_stability_percentage, settings.stability_percentage), max_trials=min(settings.max_trials, 6))
-    for level in missing:
+    if not settings.retry_alone:
+        retry = replace(settings, max_trials=min(settings.max_trials, 6))
+    for level in missing if settings.retry_alone else []:
         log.info("concurrency %d did not settle; measuring it alone with %d ms windows", level, retry.measurement_interval_ms)
         again = _run_once(binary, model, url, input_data, workdir / f"perf_analyzer_{model}_c{level}.csv", replace(retry, concurrency=ConcurrencyRange(level, level)))
         outputs.append(again.output)
@@ -279,7 +283,10 @@ def run_perf_analyzer(model: str, url: str, input_data: Path, workdir: Path, set
         last = _run_once(binary, model, url, input_data, workdir / f"perf_analyzer_{model}_c{level}_rough.csv", replace(rough, concurrency=ConcurrencyRange(level, level)))
         outputs.append(last.output)
         rows.update({r.concurrency: r for r in last.rows})
-    if missing:
+    if missing and not settings.retry_alone:
+        note = (f"concurrency {', '.join(map(str, unstable))} did not settle within {retry.stability_percentage}%: "
+                f"{'its row is' if len(unstable) == 1 else 'their rows are'} the mean of {ROUGH_WINDOWS} windows, read as rough")
+    elif missing:
         note = f"re-measured concurrency {', '.join(map(str, missing))} alone with {retry.measurement_interval_ms} ms windows (the sweep did not settle)"
         if unstable:
             note += (f"; still unstable: {', '.join(map(str, unstable))} (windows never agreed within {retry.stability_percentage}%: "

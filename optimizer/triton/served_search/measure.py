@@ -1,8 +1,9 @@
 """Measuring one loaded variant: an in-process warm-up through tritonclient, then perf_analyzer level by level.
 
 The objective decides which concurrencies a variant is measured at (objective.py); each level is one perf_analyzer
-run of stability-based windows (three windows within 25%), short in the coarse pass and long when a close call is
-settled. Nothing is loaded while a level is measured.
+run of stability-based windows (three windows within 25%; a level that does not settle in six is the mean of three
+more, flagged rough), short in the coarse pass and long when a close call is settled. Nothing is loaded while a level
+is measured.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def warm_up(bench: Bench, model: str, concurrency: int, requests: int) -> None:
 def measure_level(bench: Bench, model: str, concurrency: int, window_ms: int) -> LoadLevel:
     """One perf_analyzer run at one concurrency; ValidationError when it measured nothing."""
     settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), protocol=bench.protocol, measurement_interval_ms=window_ms,
-                            stability_percentage=25, max_trials=6, timeout_s=bench.timeout_s)
+                            stability_percentage=25, max_trials=6, timeout_s=bench.timeout_s, retry_alone=False)
     row = run_perf_analyzer(model, bench.url, bench.input_data, bench.workdir / "perf_analyzer", settings).best
     if row is None:
         raise ValidationError("perf_analyzer measured nothing")
