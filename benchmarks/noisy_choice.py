@@ -234,6 +234,7 @@ def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, 
     from optimizer.triton.perf_analyzer import PerfAnalyzerFailed
     from optimizer.triton.served_search.loader import VariantLoader
     from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up
+    from optimizer.triton.served_search.request import LOCAL_PROTOCOL
     from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, prepare_home
 
     repo = workdir / "serve-repository"
@@ -241,7 +242,7 @@ def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, 
     home = prepare_home(find_triton(), homes_root(None))
     runs = [quiet, *[r for r in busy if r.ok]]
     with LocalTritonServer(repo, log_path=workdir / "tritonserver.log", home=home) as server, \
-            VariantLoader(server.http_url, check_alive=server.check_alive) as loader:
+            VariantLoader(server.grpc_url, protocol=LOCAL_PROTOCOL, check_alive=server.check_alive) as loader:
         benches: dict[int, tuple[str, Bench]] = {}
         for index, run in enumerate(runs):
             models = private_configs(run, index)
@@ -255,7 +256,7 @@ def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, 
                 continue
             public, _, text = models[-1]
             input_data = run.workdir / run.report["published"]["perf_analyzer_input"]
-            bench = Bench(server.http_url, input_data, request_rows(input_data, text), workdir / f"pa-{index}")
+            bench = Bench(server.grpc_url, input_data, request_rows(input_data, text), workdir / f"pa-{index}", protocol=LOCAL_PROTOCOL)
             warm_up(bench, public, concurrency, WARMUP_PER_SLOT * concurrency)
             benches[index] = (public, bench)
         if quiet.error:

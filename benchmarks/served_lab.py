@@ -35,6 +35,7 @@ from optimizer.triton.served_search.objective import Objective  # noqa: E402
 from optimizer.triton.served_search.run import LOAD_GROUP  # noqa: E402
 from optimizer.triton.served_search.search import request_mix  # noqa: E402
 from optimizer.triton.served_search.servers import locally  # noqa: E402
+from optimizer.triton.served_search.request import LOCAL_PROTOCOL  # noqa: E402
 from optimizer.triton.server import LocalTritonServer, ServerHome, find_triton, homes_root, prepare_home  # noqa: E402
 from optimizer.triton.validation import find_export_report, resolve_target  # noqa: E402
 from optimizer.triton.validation.target import ModelTarget, local_servability  # noqa: E402
@@ -199,12 +200,12 @@ class Lab:
         plain = write_input_data(self.workdir / "perf_analyzer_input_unbatched.json", rows, batching=False)
         try:
             server = self._stack.enter_context(LocalTritonServer(repo, log_path=self.workdir / "tritonserver.log", home=self.export.home))
-            self.loader = self._stack.enter_context(VariantLoader(server.http_url, place=lambda name, _files: self._place(repo, name),
+            self.loader = self._stack.enter_context(VariantLoader(server.grpc_url, protocol=LOCAL_PROTOCOL, place=lambda name, _files: self._place(repo, name),
                                                                   check_alive=server.check_alive))
         except BaseException:
             self._stack.close()
             raise
-        self.bench = Bench(server.http_url, data, rows, self.workdir)
+        self.bench = Bench(server.grpc_url, data, rows, self.workdir, protocol=LOCAL_PROTOCOL)
         self.plain_bench = replace(self.bench, input_data=plain)  # the batch axis as an ordinary dim (max_batch_size 0)
         return self
 

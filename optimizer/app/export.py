@@ -184,11 +184,12 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
     if settings.serve_search == "off":
         return ServedSearch(status="off", reason="--serve-search off: the in-process rules stand")
     from optimizer.triton.served_search import SearchRequest, served_search
+    from optimizer.triton.served_search.request import LOCAL_PROTOCOL
 
     budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds)
     request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile, budget, plan.cache_root,
                             user_max=settings.batch_cap(), wait_for_cores_s=settings.wait_for_cores_s, url=settings.url,
-                            protocol=settings.protocol, server_version=plan.server.describe().split(" at ")[0] if plan.server is not None else "",
+                            protocol=settings.protocol if settings.url else LOCAL_PROTOCOL, server_version=plan.server.describe().split(" at ")[0] if plan.server is not None else "",
                             use_cache=settings.cache)
     tried = {result.selected}
     while True:

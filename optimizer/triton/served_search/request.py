@@ -8,6 +8,12 @@ from pathlib import Path
 from optimizer.triton.served_search.objective import Objective
 
 
+LOCAL_PROTOCOL = "grpc"
+"""How the bundled server is measured: gRPC, Model Analyzer's default client protocol. perf_analyzer 2.51 over HTTP at
+concurrency 64 on 2 cores failed to settle 3 times in 10 and hung past 40 s twice in 10 here (one hang took a served
+search 120 s); over gRPC the same 10 runs settled in 1.9-3.1 s each."""
+
+
 @dataclass(frozen=True)
 class SearchRequest:
     """What the user asked of the search: the load, the latency budget, the time it may take, where it works."""
@@ -21,7 +27,7 @@ class SearchRequest:
     user_max: int | None = None  # --max-batch-size: never changed by the search
     wait_for_cores_s: float = 0.0  # --wait-for-cores: how long to wait for cores other processes keep busy
     url: str | None = None  # --url: a running Triton (explicit model control) to search on instead of the bundled one
-    protocol: str = "http"  # --protocol: how the variants are loaded and measured
+    protocol: str = LOCAL_PROTOCOL  # how the variants are loaded and measured: --protocol with --url, else LOCAL_PROTOCOL
     server_version: str = ""  # what that server said it is (remote.probe_server)
     use_cache: bool = True  # --cache: reuse the search of an identical earlier run (cache.py)
 

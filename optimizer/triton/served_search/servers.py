@@ -75,8 +75,9 @@ def local_server(result: TuneResult, options: PublishOptions, request: SearchReq
             (repo / name / rel).write_bytes(data)
 
     with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
-        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {server.http_url}"
-        yield Where("the local server", server.http_url if request.protocol == "http" else server.grpc_url, server.check_alive, place=place,
+        url = server.http_url if request.protocol == "http" else server.grpc_url
+        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {url} ({request.protocol})"
+        yield Where("the local server", url, server.check_alive, place=place,
                      share=share)
 
 
