@@ -445,6 +445,8 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
     validation = json.loads((in_tmp / "aitune-reports" / "mlp" / "validation.json").read_text())
     assert validation["status"] == "passed", validation["reason"]
     assert validation["predictions"] and validation["repeatability"]  # both kinds of load were swept
+    assert search.protocol == "grpc" and validation["perf"]["settings"]["protocol"] == "grpc"  # like with like
+    assert not any("measured over" in n for n in validation["notes"])
     searched = {lv.concurrency for v in search.variants if v.point == search.chosen for lv in v.curve}
     assert all(p["concurrency"] not in searched for p in validation["predictions"])
     assert all(rp["concurrency"] in searched for rp in validation["repeatability"])
@@ -516,3 +518,23 @@ def test_a_cached_search_is_reused_only_for_the_same_key_and_a_corrupt_entry_is_
     assert cache.load("busy") is None  # measured on the free cores of a busy machine: never stored
     (tmp_path / "cache" / "served_search" / f"{key}.json").write_text("{not json")
     assert cache.load(key) is None and "ignoring the served-search cache entry" in caplog.text
+
+
+def test_validate_says_when_its_sweep_crosses_protocols_with_the_search(tmp_path: Path):
+    """The search measures the bundled server over gRPC; a validate over HTTP compares across protocols and says so,
+    one over gRPC does not."""
+    from optimizer.triton.perf_analyzer import PerfRow
+    from optimizer.triton.validation.expectation import ExportReference
+    from optimizer.triton.validation.record import ValidationRecord
+    from optimizer.triton.validation.run import _compare_with_curve
+
+    reference = ExportReference(tmp_path, tmp_path, tmp_path, [], "c", 100.0, 4, served_curve=[level(4, 400.0), level(16, 800.0)],
+                                served_protocol="grpc")
+    rows = [PerfRow(c, t, 1.0, 1.0, 1.0, 1.0) for c, t in ((2, 210.0), (4, 390.0))]
+    notes = {}
+    for protocol in ("http", "grpc"):
+        record = ValidationRecord("m", "r", "s", "p", "b", perf={"settings": {"protocol": protocol}})
+        _compare_with_curve(record, reference, rows)
+        assert record.predictions and record.repeatability
+        notes[protocol] = [n for n in record.notes if "measured over grpc and this sweep over http" in n]
+    assert notes["http"] and not notes["grpc"]

@@ -151,6 +151,7 @@ class ServedSearch:
     served_by: str = ""  # "stand-in backend ..." or "native backend": every served number is labelled
     stand_in: bool = False
     server: str = ""
+    protocol: str = ""  # what perf_analyzer spoke to the server ("grpc" on the bundled server, --protocol with --url)
     request_mix: str = ""
     start: OperatingPoint | None = None  # the in-process rules' point
     chosen: OperatingPoint | None = None

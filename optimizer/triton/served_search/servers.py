@@ -77,6 +77,7 @@ def local_server(result: TuneResult, options: PublishOptions, request: SearchReq
     with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
         url = server.http_url if request.protocol == "http" else server.grpc_url
         search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {url} ({request.protocol})"
+        search.protocol = request.protocol
         yield Where("the local server", url, server.check_alive, place=place,
                      share=share)
 
@@ -89,6 +90,7 @@ def remote_server(result: TuneResult, request: SearchRequest, search: ServedSear
     files = {f"1/{target}": source.read_bytes() for target, source in model_files(result).items()}
     files.update(extra)
     search.server = f"{request.server_version or 'Triton (version unknown)'} at {request.url} ({request.protocol}, --url)"
+    search.protocol = request.protocol
     search.served_by = "native backend"  # unless the first variant's config says a model.py ran it (checked after it loads)
     client = open_client(request.protocol, request.url, 10.0)
 

@@ -37,6 +37,7 @@ class ExportReference:
     predicted_cores: str = ""  # "1 of 2 cores" when the export measured on the cores other processes left free ("" on all)
     served_curve: list[LoadLevel] = field(default_factory=list)  # what the served search measured of the published config, per load
     single_request_ms: float | None = None  # the server's cost per request + the in-process time of a batch of one
+    served_protocol: str = ""  # what the served search measured over ("" before it was recorded)
     accuracy: AccuracyBudget | None = None  # the gate a bf16 / INT8 winner passed (None: fp32, judged by the tolerances)
 
 
@@ -131,6 +132,7 @@ def load_export_reference(report_path: Path) -> ExportReference:
             if v.point == search.chosen and v.status == "measured":
                 curve.update({lv.concurrency: lv for lv in v.curve})
         reference.served_curve = [curve[c] for c in sorted(curve)]
+        reference.served_protocol = search.protocol
         if search.on_free_cores and search.measured_on:
             reference.predicted_cores = f"{len(search.measured_on['cores'])} of {len(search.measured_on['available'])} cores"
         one = decision.profile_at(1) if decision is not None else None

@@ -220,6 +220,10 @@ def _compare_with_curve(record: ValidationRecord, reference: ExportReference, ro
         if predicted:
             record.predictions.append({"concurrency": row.concurrency, "predicted": round(predicted, 2), "served": round(row.throughput, 2),
                                        "ratio": round(row.throughput / predicted, 3)})
+    protocol = record.perf.get("settings", {}).get("protocol", "") if record.perf else ""
+    if reference.served_protocol and protocol and protocol != reference.served_protocol and (record.predictions or record.repeatability):
+        record.notes.append(f"the served search measured over {reference.served_protocol} and this sweep over {protocol}: the ratios include "
+                            f"the difference between the protocols (--protocol {reference.served_protocol} compares like with like)")
     if record.predictions:
         ratios = [p["ratio"] for p in record.predictions]
         record.throughput_ratio = round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 3)
