@@ -125,17 +125,17 @@ def coarse_grid(space: SearchSpace) -> list[OperatingPoint]:
 
 
 def refinements(best: OperatingPoint, space: SearchSpace, measured: set[OperatingPoint], fill_delay: int | None = None) -> list[OperatingPoint]:
-    """Variants around a good coarse point: the rules' queue delay, a delay that fills the batch (`fill_delay_us`), the
+    """Variants around a good coarse point: a delay that fills the batch (`fill_delay_us`), the rules' queue delay, the
     rules' preferred size (with and without the delay), and a max halfway (in powers of two) to the next measured max
     when the gap is wider than 2x."""
     out: list[OperatingPoint] = []
     if space.batching and best.max_batch_size > 1:
         preferred = _reachable(space.peak, space)
         delay = space.rules_delay_us
+        if fill_delay:  # first: the batches at the lightest load were clearly unfilled, the likelier gain
+            out.append(replace(best, queue_delay_us=fill_delay))
         if delay:
             out.append(replace(best, queue_delay_us=delay))
-        if fill_delay:
-            out.append(replace(best, queue_delay_us=fill_delay))
         if 1 < preferred < best.max_batch_size:
             out.append(replace(best, preferred=(preferred,)))
             if delay:
