@@ -83,6 +83,9 @@ def test_refinement_tries_the_rules_delay_and_preferred_size_and_a_max_between_m
     assert OperatingPoint(16, (), 200, 2, 1) in out  # the rules' queue delay
     assert OperatingPoint(16, (8,), 0, 2, 1) in out and OperatingPoint(16, (8,), 200, 2, 1) in out  # the rules' preferred size
     assert OperatingPoint(32, (), 0, 2, 1) in out  # 16 -> 64 is a 4x gap
+    assert out.index(OperatingPoint(32, (), 0, 2, 1)) < out.index(OperatingPoint(16, (), 200, 2, 1))  # the likelier gain first
+    filled = refinements(best, space(), measured, fill_delay=1500)
+    assert filled[0] == OperatingPoint(16, (), 1500, 2, 1)
     assert not any(p in measured for p in out)
     assert all(p.max_batch_size == 6 for p in refinements(OperatingPoint(6, (), 0, 1, 2), space(fixed_max=6), set()))
     assert all(max(p.preferred, default=0) <= 4 for p in refinements(OperatingPoint(4, (), 0, 1, 2), space(concurrency=4), set()))

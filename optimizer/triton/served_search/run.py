@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from itertools import zip_longest
 from typing import Callable
 
 from optimizer.errors import ConfigRuleError, PublishError, TemplateError, ValidationError
@@ -96,7 +97,8 @@ class SearchRun:
         self.measure([p for p in coarse_grid(space) if p not in self.seen], "coarse")
         for _ in range(REFINE_ROUNDS):
             top = self.ranked()[:2]
-            todo = [p for v in top for p in refinements(v.point, space, set(self.seen), fill_delay_us(v, space))]
+            each = [refinements(v.point, space, set(self.seen), fill_delay_us(v, space)) for v in top]
+            todo = [p for rank in zip_longest(*each) for p in rank if p is not None]  # the best two's likeliest first
             if not todo:
                 return
             self.measure(todo, "refine")
