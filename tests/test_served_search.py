@@ -57,6 +57,8 @@ def test_the_coarse_pass_covers_layouts_by_the_peak_2x_4x_and_the_largest_fit_wi
     assert {(p.max_batch_size, p.instances) for p in grid} == {(b, n) for b in (8, 16, 32, 64) for n in (1, 2)}
     assert all(p.queue_delay_us == 0 and p.preferred == () for p in grid)  # Model Analyzer's batcher defaults
     assert [p.max_batch_size for p in grid[:2]] == [8, 8]  # every layout at the peak before other sizes
+    no_load = [p.max_batch_size for p in coarse_grid(space(peak=256, largest_fit=256))]
+    assert no_load == [4, 4, 16, 16, 64, 64, 256, 256]  # no load: the start measured the peak's row, smaller maxima first
 
 
 def test_a_users_max_is_never_changed_and_the_largest_fit_never_exceeded():
@@ -72,6 +74,7 @@ def test_with_no_load_the_coarse_pass_has_a_max_each_load_of_the_ladder_fills():
     concurrency 4 nothing it can fill."""
     assert max_batches(space(peak=256, largest_fit=256)) == [4, 16, 64, 256]
     assert max_batches(space(peak=2, largest_fit=8)) == [2, 4, 8]  # never above the largest fit
+    assert max_batches(space(peak=4, largest_fit=8)) == [2, 4, 8]  # a smaller max fills a pass the caps left short
     assert max_batches(space(peak=8, largest_fit=64)) == [4, 8, 16, 64]  # the peak and 2x stay
     assert max_batches(space(peak=1, largest_fit=1)) == [1]
 
