@@ -41,8 +41,8 @@ from optimizer.triton.perf_analyzer import (  # noqa: E402
     PerfAnalyzerFailed,
     PerfSettings,
     run_perf_analyzer,
-    write_input_data,
 )
+from optimizer.triton.perf_analyzer_input import write_input_data  # noqa: E402
 from optimizer.triton.publish import PublishOptions, publish  # noqa: E402
 from optimizer.triton.server import LocalTritonServer  # noqa: E402
 from optimizer.triton.validation.checks import reference_feeds  # noqa: E402

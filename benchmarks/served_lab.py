@@ -27,7 +27,8 @@ from optimizer.records.tune_result import TuneResult  # noqa: E402
 from optimizer.settings import ExportSettings  # noqa: E402
 from optimizer.triton.front import front_step  # noqa: E402
 from optimizer.triton.local_serving import local_config, needs_translation  # noqa: E402
-from optimizer.triton.perf_analyzer import find_perf_analyzer, write_input_data  # noqa: E402
+from optimizer.triton.perf_analyzer import find_perf_analyzer  # noqa: E402
+from optimizer.triton.perf_analyzer_input import write_input_data  # noqa: E402
 from optimizer.triton.publish import PublishOptions, prepare_config  # noqa: E402
 from optimizer.triton.served_search.loader import VariantLoader, private_name  # noqa: E402
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up  # noqa: E402

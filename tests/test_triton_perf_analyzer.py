@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from optimizer.errors import SettingsError, ValidationError
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, parse_csv, parse_server_counts, perf_analyzer_command, write_input_data
+from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, parse_csv, parse_server_counts, perf_analyzer_command
+from optimizer.triton.perf_analyzer_input import write_input_data
 
 # Captured from perf_analyzer 2.51 against the local tritonserver 2.51 (rows in perf_analyzer's own order).
 CSV = """Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency

@@ -1,7 +1,6 @@
 """perf_analyzer 2.51 (shipped in the tritonclient 2.51 wheel): its input data, its command line and its results.
 
-`write_input_data` turns real samples into perf_analyzer's --input-data JSON (exact bytes, base64),
-so the served model is measured on the data it was tuned on. `run_perf_analyzer` runs a concurrency
+The input data (real samples, exact bytes) are written by perf_analyzer_input.py. `run_perf_analyzer` runs a concurrency
 sweep with settings that settle on a small, noisy CPU machine, and parses the CSV (whose rows are not
 in concurrency order) and the console's server-side inference/execution counts (the batch size the
 dynamic batcher really formed).
@@ -9,11 +8,9 @@ dynamic batcher really formed).
 
 from __future__ import annotations
 
-import base64
 import csv
 import importlib.util
 import io
-import json
 import logging
 import os
 import re
@@ -21,13 +18,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
-
-import numpy as np
+from typing import Any
 
 from optimizer.errors import SettingsError, ValidationError
 from optimizer.triton.server import ToolMissing
@@ -36,39 +30,6 @@ log = logging.getLogger(__name__)
 
 CSV_COLUMNS = ("Concurrency", "Inferences/Second", "p50 latency", "p90 latency", "p95 latency", "p99 latency")
 """Columns the parser needs; the header is checked before any row is read."""
-
-MAX_INPUT_ENTRIES = 32
-"""perf_analyzer cycles through the entries round-robin; a few dozen real samples are plenty."""
-
-
-def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batching: bool, max_entries: int = MAX_INPUT_ENTRIES) -> Path:
-    """Write perf_analyzer's --input-data JSON from feeds (dicts of arrays keyed by input name).
-
-    With `batching`, axis 0 of every array is the batch axis: each row becomes one entry (a batch-1
-    request; `-b N` makes perf_analyzer send N of them per request). Without it, each feed is one
-    entry with its full shape. Data are the arrays' exact little-endian bytes (base64) with an
-    explicit "shape", so dynamic axes need no --shape. Returns `path`.
-    """
-    entries: list[dict[str, Any]] = []
-    for feed in feeds:
-        rows = next(iter(feed.values())).shape[0] if batching else 1
-        for i in range(rows):
-            if len(entries) >= max_entries:
-                break
-            entry = {}
-            for name, arr in feed.items():
-                one = arr[i] if batching else arr
-                one = np.ascontiguousarray(one, dtype=one.dtype.newbyteorder("<"))
-                entry[name] = {"content": {"b64": base64.b64encode(one.tobytes()).decode("ascii")}, "shape": list(one.shape)}
-            entries.append(entry)
-    if not entries:
-        raise ValidationError("no samples to write as perf_analyzer input data; the report's samples.npz is empty.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        json.dump({"data": entries}, tmp)
-    os.replace(tmp.name, path)  # two writers never interleave; a reader never sees half a file
-    return path
-
 
 @dataclass(frozen=True)
 class ConcurrencyRange:

@@ -335,7 +335,7 @@ def _write_perf_analyzer_input(report_dir: Path, result: TuneResult, public_name
     """perf_analyzer's --input-data beside the report: the request mix in-process profiling timed (the user's first
     sample, else the generated one at every dynamic axis' maximum), which the served search and validate send too.
     In the config's names, or (`public_names`: a model behind an ensemble) in the forward names clients send."""
-    from optimizer.triton.perf_analyzer import write_input_data
+    from optimizer.triton.perf_analyzer_input import write_input_data
 
     feeds_path = Path(result.reference.profile_feed)
     if not feeds_path.is_file():

@@ -16,7 +16,8 @@ from optimizer.events import Event, EventSink, ignore
 from optimizer.model.samples import load_feeds
 from optimizer.triton.local_serving import local_config, needs_translation, private_model, translation_note
 from optimizer.triton.model_config import canonical
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer, write_input_data
+from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer
+from optimizer.triton.perf_analyzer_input import write_input_data
 from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
 from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, served_names, window_for
 from optimizer.triton.validation.client import config_summary, execution_counts, load_remote, max_batch, request_ms, served_config, server_version

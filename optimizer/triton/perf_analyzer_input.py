@@ -1,0 +1,47 @@
+"""perf_analyzer's --input-data JSON from real samples: exact bytes (base64) with explicit shapes, so the served model
+is measured on the data it was tuned on, and dynamic axes need no --shape."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from optimizer.errors import ValidationError
+
+MAX_INPUT_ENTRIES = 32
+"""perf_analyzer cycles through the entries round-robin; a few dozen real samples are plenty."""
+
+
+def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batching: bool, max_entries: int = MAX_INPUT_ENTRIES) -> Path:
+    """Write perf_analyzer's --input-data JSON from feeds (dicts of arrays keyed by input name).
+
+    With `batching`, axis 0 of every array is the batch axis: each row becomes one entry (a batch-1
+    request; `-b N` makes perf_analyzer send N of them per request). Without it, each feed is one
+    entry with its full shape. Data are the arrays' exact little-endian bytes (base64) with an
+    explicit "shape", so dynamic axes need no --shape. Returns `path`.
+    """
+    entries: list[dict[str, Any]] = []
+    for feed in feeds:
+        rows = next(iter(feed.values())).shape[0] if batching else 1
+        for i in range(rows):
+            if len(entries) >= max_entries:
+                break
+            entry = {}
+            for name, arr in feed.items():
+                one = arr[i] if batching else arr
+                one = np.ascontiguousarray(one, dtype=one.dtype.newbyteorder("<"))
+                entry[name] = {"content": {"b64": base64.b64encode(one.tobytes()).decode("ascii")}, "shape": list(one.shape)}
+            entries.append(entry)
+    if not entries:
+        raise ValidationError("no samples to write as perf_analyzer input data; the report's samples.npz is empty.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        json.dump({"data": entries}, tmp)
+    os.replace(tmp.name, path)  # two writers never interleave; a reader never sees half a file
+    return path
