@@ -163,3 +163,8 @@ def _index(client: Any) -> list[dict[str, Any]]:
     if isinstance(index, list):
         return index
     return [{"name": m.name, "state": m.state} for m in index.models]
+
+
+def server_gone(error: str) -> bool:
+    """Whether a load failed because the server is going away (its connection closed or refused, or it is stopping)."""
+    return any(word in error.lower() for word in ("connection closed", "connection refused", "connection reset", "stopping", "shutting down"))

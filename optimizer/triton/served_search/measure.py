@@ -123,3 +123,12 @@ def settle_level(a: ServedVariant, b: ServedVariant, objective: Objective) -> in
     both serve their peak)."""
     return objective.concurrency or max(a.concurrency or 1, b.concurrency or 1)
 
+
+
+def mean_level(levels: list[LoadLevel]) -> LoadLevel:
+    """Repeated measurements of one load as one: the mean of each figure."""
+    def avg(xs: list[float | None]) -> float | None:
+        vals = [x for x in xs if x is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    return LoadLevel(levels[0].concurrency, *(avg([getattr(lv, f) for lv in levels]) for f in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "server_batch")))

@@ -24,7 +24,7 @@ from optimizer.triton.served_search.objective import LADDER_START, LADDER_STEP, 
 THROUGHPUT_NOISE = 0.03
 """perf_analyzer's spread between windows on a shared CPU machine: a variant must serve this much more to count as better."""
 CLOSE = 0.10
-"""A best variant within this much of its runner-up is measured again with it, interleaved (A B A B), before it is published:
+"""A best variant within this much of its runner-up is measured again with it, interleaved (A B B A), before it is published:
 two measurements of one config minutes apart differ by up to 10% here."""
 LATENCY_GAIN = 0.10
 """Within the throughput noise, a variant whose latency is this much lower wins: it answers sooner for the same load."""
@@ -199,7 +199,7 @@ def better(v: ServedVariant, best: ServedVariant | None, budget_ms: float | None
         return False
     if best is None or best.throughput is None:
         return True
-    lat_v, lat_b = _latency(v, percentile), _latency(best, percentile)
+    lat_v, lat_b = latency_at(v, percentile), latency_at(best, percentile)
     if budget_ms is not None:
         fits_v, fits_b = v.meets_budget is not False and lat_v <= budget_ms, best.meets_budget is not False and lat_b <= budget_ms
         if fits_v != fits_b:
@@ -219,7 +219,8 @@ def close(a: ServedVariant, b: ServedVariant) -> bool:
     return abs(a.throughput - b.throughput) <= CLOSE * max(a.throughput, b.throughput)
 
 
-def _latency(v: ServedVariant, percentile: int) -> float:
+def latency_at(v: ServedVariant, percentile: int) -> float:
+    """The variant's latency at `percentile` at its scored load."""
     level = v.level(v.concurrency) if v.concurrency is not None else None
     if level is not None:
         return level.latency(percentile)

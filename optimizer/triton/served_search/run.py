@@ -1,7 +1,7 @@
 """One served search's run: the order of its stages, loading and measuring variants a group at a time, the best so far.
 
 The stages (points.py says which points): the rules' start, the coarse pass, the refinement of the best two, a close
-call settled by interleaved re-measurement (A B A B), and the published variant at one request at a time (the anchor
+call settled by interleaved re-measurement (A B B A), and the published variant at one request at a time (the anchor
 of validate's prediction). The budget is a bound: a group that would not finish in it is not started.
 """
 
@@ -19,10 +19,11 @@ from optimizer.records.tune_result import TuneResult
 from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
 from optimizer.triton.model_config import canonical, config_signature, parse
 from optimizer.triton.publish import PublishOptions, prepare_config
-from optimizer.triton.served_search.loader import VariantLoader, private_name
-from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, settle_level, sweep, warm_up
+from optimizer.triton.served_search.answers import wrong_answers
+from optimizer.triton.served_search.loader import VariantLoader, private_name, server_gone
+from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, mean_level, measure_level, settle_level, sweep, warm_up
 from optimizer.triton.served_search.objective import OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW, robust_ratios, worst_so_far
-from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, fill_delay_us, refinements, seed_concurrency
+from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, fill_delay_us, latency_at, refinements, seed_concurrency
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.servers import locally
 
@@ -30,7 +31,7 @@ LOAD_GROUP = 4
 """Variants loaded at once before they are measured one after another: loads overlap each other (4 stand-in loads took
 5.5 s together against 2.2 s each here), never a measurement."""
 SETTLE_ROUNDS = 2
-"""A close call is measured A B A B: drift between rounds hits both, and each config is measured twice."""
+"""A close call is measured A B B A: drift between rounds hits both, and each config is measured twice."""
 REFINE_ROUNDS = 3
 """Refinement rounds at most: a round refines the best two, which a round can replace (on the bundled CNN a queue delay
 that filled the batch made max 4 the runner-up, and its own neighbours were then unmeasured)."""
@@ -200,7 +201,7 @@ class SearchRun:
             self._unload(list(variants))
             configs = {n: self._config(variants[n].point) for n in configs}
             errors = self._load(configs)
-        if configs and len(errors) == len(configs) and all(_server_gone(e) for e in errors.values()):
+        if configs and len(errors) == len(configs) and all(server_gone(e) for e in errors.values()):
             self._unload(list(variants))
             raise ServerGone(f"every load of a group failed ({next(iter(errors.values()))}): the server at {self.loader.url} stopped answering")
         load_share = (time.monotonic() - t0) / max(1, len(configs))
@@ -239,33 +240,8 @@ class SearchRun:
             self.loader.unload([inner_name(n) for n in names])
 
     def _wrong_answers(self, name: str) -> str:
-        """Before any variant counts: the server answers the export's samples within the export's tolerances ("" when it
-        does, else what was wrong), over the protocol the search uses."""
-        from pathlib import Path
-
-        from optimizer.model.samples import load_feeds
-        from optimizer.records.correctness import tolerances_from_json
-        from optimizer.triton.server import open_client
-        from optimizer.triton.validation.checks import check_answers
-        from optimizer.triton.validation.client import served_config
-
-        reference = self.result.reference
-        back = {} if self.fronted else {original: served for served, original in self.renamed.items()}
-        feeds = [{back.get(k, k): a for k, a in feed.items()} for feed in load_feeds(Path(reference.feeds))]
-        outputs = [{back.get(k, k): a for k, a in out.items()} for out in load_feeds(Path(reference.outputs))]
-        from tritonclient.utils import InferenceServerException
-
-        from optimizer.triton.server import triton_message
-
-        client = open_client(self.request.protocol, self.bench.url, self.bench.timeout_s)
-        try:
-            check = check_answers(client, self.request.protocol, name, served_config(client, name), feeds, outputs, list(reference.points),
-                                  tolerances_from_json(self.result.tolerances))
-        except (InferenceServerException, OSError) as err:  # its config could not be read back: the server is not serving it
-            return f"Triton answered: {triton_message(err)}"
-        finally:
-            client.close()
-        return "" if check.passed else check.error
+        """Before any variant counts: "" when the server answers the export's samples within its tolerances (answers.py)."""
+        return wrong_answers(self.result, self.request.protocol, self.bench.url, self.bench.timeout_s, name, self.renamed, self.fronted)
 
     def _sweep(self, name: str, v: ServedVariant) -> None:
         from tritonclient.utils import InferenceServerException
@@ -313,7 +289,7 @@ class SearchRun:
     # -- a close call ----------------------------------------------------------------------------------------------------
     def settle(self) -> None:
         """When the runner-up is within the noise of repeated measurement of the best, measure both again interleaved
-        (A B A B) at one load with longer windows, and keep the one that serves more (then the lower latency)."""
+        (A B B A) at one load with longer windows, and keep the one that serves more (then the lower latency)."""
         ranked = self.ranked()
         if self.objective.kind == "max-throughput":  # ranked against every variant at every load, not one level
             return self._settle_ladder(ranked)
@@ -323,33 +299,16 @@ class SearchRun:
         level = settle_level(a, b, self.objective)
         if time.monotonic() + self._settle_cost(1) > self.deadline:
             raise OutOfTime()
-        names = {self._next_name(): a, self._next_name(): b}
-        errors = self._load({n: self._config(v.point) for n, v in names.items()})
-        if errors:
-            self._unload(list(names))
+        if (measured := self._remeasure([a, b], [level], 2 * self.bench.window_ms)) is None:
             return
-        window = 2 * self.bench.window_ms
-        levels: dict[str, list[LoadLevel]] = {n: [] for n in names}
-        try:
-            for n in names:
-                warm_up(self.bench, n, level, WARMUP_PER_SLOT * level)
-            for _ in range(SETTLE_ROUNDS):
-                for n in names:
-                    levels[n].append(measure_level(self.bench, n, level, window))
-        except ValidationError:
-            return
-        finally:
-            self._unload(list(names))
+        names, levels = {"a": a, "b": b}, {"a": measured[0][level], "b": measured[1][level]}
         pct = self.request.percentile
         means = {n: mean_level(lv) for n, lv in levels.items()}
         (na, ma), (nb, mb) = means.items()
         ratio = ma.throughput / mb.throughput
-        if ratio >= 1 + THROUGHPUT_NOISE:
-            winner = na
-        elif ratio <= 1 - THROUGHPUT_NOISE:
-            winner = nb
-        else:  # a tie in throughput: the lower latency at the same load, when clearly lower
-            winner = nb if mb.latency(pct) < ma.latency(pct) * (1 - LATENCY_GAIN) else na
+        # beyond the noise the faster; a tie in throughput goes to a clearly lower latency at the same load
+        winner = na if ratio >= 1 + THROUGHPUT_NOISE else nb if ratio <= 1 - THROUGHPUT_NOISE else (
+            nb if mb.latency(pct) < ma.latency(pct) * (1 - LATENCY_GAIN) else na)
         for n, v in names.items():
             again = ServedVariant(v.point, "settle", curve=[means[n]],
                                   reason="mean of " + ", ".join(f"{lv.throughput:.1f}/s" for lv in levels[n]) + f" at concurrency {level}, interleaved")
@@ -359,7 +318,7 @@ class SearchRun:
             if n == winner:
                 self.best = again
         self.search.settled = (f"{a.point.label} and {b.point.label} served within {100 * (1 - min(ratio, 1 / ratio)):.1f}% of each other, "
-                               f"measured A B A B at concurrency {level}: {names[winner].point.label} kept")
+                               f"measured A B B A at concurrency {level}: {names[winner].point.label} kept")
 
     def _settle_ladder(self, ranked: list[ServedVariant]) -> None:
         """No load given and the two best within the noise of each other's worst ratio: measure both again, interleaved
@@ -373,22 +332,9 @@ class SearchRun:
         loads = sorted({lv.concurrency for lv in a.curve} & {lv.concurrency for lv in b.curve})
         if not loads or time.monotonic() + self._settle_cost(len(loads)) > self.deadline:
             raise OutOfTime()
-        names = {self._next_name(): a, self._next_name(): b}
-        if self._load({n: self._config(v.point) for n, v in names.items()}):
-            self._unload(list(names))
+        if (measured := self._remeasure([a, b], loads, self.bench.window_ms)) is None:
             return
-        levels: dict[str, dict[int, list[LoadLevel]]] = {n: {c: [] for c in loads} for n in names}
-        try:
-            for n in names:
-                warm_up(self.bench, n, loads[-1], WARMUP_PER_SLOT * loads[-1])
-            for r in range(SETTLE_ROUNDS):
-                for n in (list(names) if r % 2 == 0 else list(names)[::-1]):
-                    for c in loads:
-                        levels[n][c].append(measure_level(self.bench, n, c, self.bench.window_ms))
-        except ValidationError:
-            return
-        finally:
-            self._unload(list(names))
+        names, levels = {"a": a, "b": b}, dict(zip(("a", "b"), measured))
         for n, v in names.items():
             again = ServedVariant(v.point, "settle", curve=[mean_level(levels[n][c]) for c in loads],
                                   reason=f"mean of {SETTLE_ROUNDS} interleaved measurements at each of concurrency {', '.join(map(str, loads))}")
@@ -399,6 +345,27 @@ class SearchRun:
         worst = {v.point: self.robust[v.point][0] for v in names.values()}
         self.search.settled = (f"{a.point.label} (worst {worst[a.point]:.2f}x the best) and {b.point.label} (worst {worst[b.point]:.2f}x) "
                                f"measured again A B B A at concurrency {', '.join(map(str, loads))}: {self.best.point.label} kept")
+
+    def _remeasure(self, pair: list[ServedVariant], loads: list[int], window_ms: int) -> list[dict[int, list[LoadLevel]]] | None:
+        """Load two variants side by side under new names and measure each SETTLE_ROUNDS times at every load, in A B B A
+        order; per variant, its measurements per load. None when either does not load or a measurement fails."""
+        names = [self._next_name() for _ in pair]
+        if self._load({n: self._config(v.point) for n, v in zip(names, pair)}):
+            self._unload(names)
+            return None
+        levels: dict[str, dict[int, list[LoadLevel]]] = {n: {c: [] for c in loads} for n in names}
+        try:
+            for n in names:
+                warm_up(self.bench, n, loads[-1], WARMUP_PER_SLOT * loads[-1])
+            for r in range(SETTLE_ROUNDS):
+                for n in (names if r % 2 == 0 else names[::-1]):
+                    for c in loads:
+                        levels[n][c].append(measure_level(self.bench, n, c, window_ms))
+        except ValidationError:
+            return None
+        finally:
+            self._unload(names)
+        return [levels[n] for n in names]
 
     def base(self) -> None:
         """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
@@ -429,25 +396,6 @@ class SearchRun:
     def _next_name(self) -> str:
         self.count += 1
         return private_name(self.options.name, self.count)
-
-
-def _server_gone(error: str) -> bool:
-    """Whether a load failed because the server is going away (its connection closed or refused, or it is stopping)."""
-    return any(word in error.lower() for word in ("connection closed", "connection refused", "connection reset", "stopping", "shutting down"))
-
-
-def latency_at(v: ServedVariant, percentile: int) -> float:
-    level = v.level(v.concurrency) if v.concurrency is not None else None
-    return level.latency(percentile) if level is not None else (v.p95_ms or 0.0)
-
-
-def mean_level(levels: list[LoadLevel]) -> LoadLevel:
-    """Repeated measurements of one load as one: the mean of each figure."""
-    def avg(xs: list[float | None]) -> float | None:
-        vals = [x for x in xs if x is not None]
-        return sum(vals) / len(vals) if vals else None
-
-    return LoadLevel(levels[0].concurrency, *(avg([getattr(lv, f) for lv in levels]) for f in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "server_batch")))
 
 
 class OutOfTime(Exception):

@@ -26,14 +26,14 @@ from optimizer.records.tune_result import TuneResult
 from optimizer.triton.front import needs_front
 from optimizer.triton.local_serving import needs_translation, translation_note
 from optimizer.triton.model_config import config_signature, operating_point_of, parse
-from optimizer.triton.perf_analyzer import write_input_data
+from optimizer.triton.perf_analyzer_input import write_input_data
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.cache import ServedSearchCache, search_key
 from optimizer.triton.served_search.loader import VariantLoader
 from optimizer.triton.served_search.measure import Bench
-from optimizer.triton.served_search.points import SearchSpace, on_free_cores
+from optimizer.triton.served_search.points import SearchSpace, latency_at, on_free_cores
 from optimizer.triton.served_search.request import SearchRequest
-from optimizer.triton.served_search.run import SearchRun, latency_at
+from optimizer.triton.served_search.run import SearchRun
 from optimizer.triton.served_search.servers import STAND_IN_LABEL, local_server, remote_server
 from optimizer.triton.server import ToolMissing, find_triton, homes_root, prepare_home
 from optimizer.vocab import Device
