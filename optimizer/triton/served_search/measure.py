@@ -124,7 +124,6 @@ def settle_level(a: ServedVariant, b: ServedVariant, objective: Objective) -> in
     return objective.concurrency or max(a.concurrency or 1, b.concurrency or 1)
 
 
-
 def mean_level(levels: list[LoadLevel]) -> LoadLevel:
     """Repeated measurements of one load as one: the mean of each figure."""
     def avg(xs: list[float | None]) -> float | None:

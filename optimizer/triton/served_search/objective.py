@@ -135,8 +135,6 @@ def robust_ratios(curves: dict[object, list[LoadLevel]]) -> dict[object, tuple[f
     (a closed loop past its plateau serves the same, only slower), and a load below a curve's first level does not
     count for it (unmeasured, and the ladder starts every curve at the same load)."""
     loads = sorted({lv.concurrency for curve in curves.values() for lv in curve})
-
-
     best = {c: max((t for curve in curves.values() if (t := served_at(curve, c)) is not None), default=0.0) for c in loads}
     out = {}
     for key, curve in curves.items():
