@@ -6,9 +6,9 @@ and both served benchmarks (one way to build, label and score a variant):
   load given, a max each load of the ladder fills instead of 4x), with no queue delay and no preferred sizes (Model
   Analyzer's batcher defaults, and Triton's guidance to leave preferred sizes unset unless a model serves specific
   sizes best);
-- the refinement around the best two: the rules' queue delay, a delay long enough for the lightest load to fill the
-  batch (when the batcher formed smaller ones there), the rules' preferred size, and the max batch halfway to an
-  unmeasured neighbour;
+- the refinement around the best two, likeliest gain first: a delay long enough for the lightest load to fill the
+  batch (when the batcher formed smaller ones there), the max batch halfway to an unmeasured neighbour, the rules'
+  queue delay and the rules' preferred size;
 - `better`: the objective's comparison (budget first, then throughput beyond the noise, then a clearly lower latency).
 The user's --max-batch-size is never changed and the largest batch that fit in-process is never exceeded.
 """
