@@ -356,6 +356,20 @@ def test_the_time_budget_ends_a_sweep_between_loads(monkeypatch, tmp_path: Path)
     assert "the time budget ran out" in start.reason and run.best is not None and "time budget" in stopped
 
 
+def test_a_load_that_fails_after_the_first_ends_the_sweep_and_the_measured_loads_count(monkeypatch, tmp_path: Path):
+    from optimizer.errors import ValidationError
+
+    def times_out_above_16(point: OperatingPoint, c: int) -> LoadLevel:
+        if c > 16:
+            raise ValidationError("perf_analyzer did not finish within 120 s; narrow --concurrency.")
+        return level(c, min(100.0 * c, 5000.0))
+
+    run, search, _, _ = _run(monkeypatch, tmp_path, times_out_above_16, SearchRequest(tmp_path))
+    start = search.variants[0]
+    assert start.status == "measured" and [lv.concurrency for lv in start.curve] == [4, 16]
+    assert "stopped climbing at concurrency 64: perf_analyzer did not finish" in start.reason and run.best is not None
+
+
 def test_a_server_that_answers_wrong_is_not_measured(monkeypatch, tmp_path: Path):
     run, search, loader, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path),
                                   wrong="output 'output__0' at batch=1: max abs error 3.2")

@@ -99,12 +99,19 @@ def sweep(variant: ServedVariant, objective: Objective, seed: int, measure: Call
 
     `explore_down` False keeps a sweep from stepping below its start (the coarse pass: only the peak decides there).
     `stop` says why the sweep should end with the curve so far ("" to go on: out of the running, out of time): the
-    variant's reason says so."""
+    variant's reason says so. A load that fails after the first ends the sweep the same way: on the transformer one
+    perf_analyzer run timed out at the third load and the variant's two measured loads were thrown away with it."""
     t0 = time.monotonic()
     level: int | None = objective.first_level(seed)
     order: list[LoadLevel] = []
     while level is not None:
-        order.append(measure(level))
+        try:
+            order.append(measure(level))
+        except ValidationError as err:  # a later load failed (perf_analyzer timed out): the loads measured still count
+            if not order:
+                raise
+            variant.reason = f"stopped climbing at concurrency {level}: {err}"
+            break
         level = objective.next_level(order)
         if level is not None and stop is not None and (why := stop(order)):
             variant.reason, level = why, None
