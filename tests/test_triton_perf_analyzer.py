@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import replace
 import json
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -124,21 +126,29 @@ def test_slow_models_get_longer_windows():
     assert window_for(settings, 5000.0) == MAX_WINDOW_MS
 
 
-@pytest.mark.slow
-def test_warm_up_requests_reach_the_server_before_the_measured_windows(tmp_path: Path):
-    """perf_analyzer 2.51 has no warm-up option: `warmup_requests` are sent by a separate run, seen by the server, and
-    not in the measured rows."""
-    from optimizer.triton.perf_analyzer import run_perf_analyzer
+@contextmanager
+def _doubling_server(tmp_path: Path) -> Iterator[tuple[Any, Path]]:
+    """A real tritonserver serving the one-node `double` model, and perf_analyzer input data for it."""
     from optimizer.triton.server import LocalTritonServer
     from tests.test_triton_server import write_double_model
 
     repo = tmp_path / "repo"
     write_double_model(repo)
     data = write_input_data(tmp_path / "in.json", [{"x": np.ones((1, 3), np.float32)}], batching=True)
-    settings = PerfSettings(concurrency=ConcurrencyRange(2, 2), measurement_interval_ms=500, stability_percentage=100, max_trials=3,
-                            timeout_s=120, warmup_requests=300)
     with LocalTritonServer(repo) as server:
         server.load("double")
+        yield server, data
+
+
+@pytest.mark.slow
+def test_warm_up_requests_reach_the_server_before_the_measured_windows(tmp_path: Path):
+    """perf_analyzer 2.51 has no warm-up option: `warmup_requests` are sent by a separate run, seen by the server, and
+    not in the measured rows."""
+    from optimizer.triton.perf_analyzer import run_perf_analyzer
+
+    settings = PerfSettings(concurrency=ConcurrencyRange(2, 2), measurement_interval_ms=500, stability_percentage=100, max_trials=3,
+                            timeout_s=120, warmup_requests=300)
+    with _doubling_server(tmp_path) as (server, data):
         result = run_perf_analyzer("double", server.http_url, data, tmp_path / "pa", settings)
         stats = server.client("http").get_inference_statistics("double")["model_stats"][0]
     served = int(stats["inference_stats"]["success"]["count"])
@@ -151,16 +161,10 @@ def test_a_level_that_never_settles_is_measured_roughly_and_flagged_not_failed(t
     """A level whose windows never agree (CI's busy 2-core machine, here forced by a zero tolerance) still gets a row,
     measured by real perf_analyzer windows, and is named as unstable with a note a user reads; the run does not fail."""
     from optimizer.triton.perf_analyzer import ROUGH_WINDOWS, run_perf_analyzer
-    from optimizer.triton.server import LocalTritonServer
-    from tests.test_triton_server import write_double_model
 
-    repo = tmp_path / "repo"
-    write_double_model(repo)
-    data = write_input_data(tmp_path / "in.json", [{"x": np.ones((1, 3), np.float32)}], batching=True)
     settings = PerfSettings(concurrency=ConcurrencyRange(1, 1), measurement_interval_ms=200, stability_percentage=0, max_trials=3,
                             retry_stability_percentage=0, timeout_s=120)
-    with LocalTritonServer(repo) as server:
-        server.load("double")
+    with _doubling_server(tmp_path) as (server, data):
         result = run_perf_analyzer("double", server.http_url, data, tmp_path / "pa", settings)
         quick = run_perf_analyzer("double", server.http_url, data, tmp_path / "pa", replace(settings, retry_alone=False))
     assert result.unstable == [1]
