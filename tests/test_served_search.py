@@ -337,6 +337,19 @@ def test_with_no_load_a_variant_out_of_the_running_stops_climbing_the_ladder(mon
     assert run.best.point.instances == 1
 
 
+def test_time_left_after_the_best_two_are_refined_goes_to_the_others(monkeypatch, tmp_path: Path):
+    """A small space (the largest fit 8: maxima 2, 4, 8 x two layouts) runs out of refinements around the best two long
+    before the budget: the other variants are refined too, so the search covers at least 12 variants."""
+    run, search, _, stopped = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), decision_largest=8)
+    measured = [v for v in search.variants if v.status == "measured" and v.stage in ("start", "coarse", "refine")]
+    assert len({v.point for v in measured}) >= 12 and "every variant" in stopped
+    coarse = sorted((v for v in measured if v.stage == "coarse"), key=lambda v: -run.robust[v.point][0])
+    third = coarse[2].point
+    assert any(v.stage == "refine" and (v.point.instances, v.point.threads) == (third.instances, third.threads)
+               and v.point.max_batch_size == third.max_batch_size for v in measured)  # refined around the third best
+    assert run.best.point in {v.point for v in measured}
+
+
 def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp_path: Path):
     run, search, _, stopped = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path, budget_s=0.0), budget_s=-1.0)
     assert "time budget" in stopped
