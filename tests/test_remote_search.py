@@ -9,13 +9,14 @@ line before any tuning.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from optimizer.records.served_search import ServedSearch
 from optimizer.triton.model_config import parse
-from optimizer.triton.server import free_port, open_client
+from optimizer.triton.server import free_port, homes_root, open_client, prepare_home
 from tests.conftest import run_cli
 from tests.test_client_contract import start_serve, stop_serve
 
@@ -38,14 +39,20 @@ def test_a_url_with_a_scheme_or_with_the_search_off_is_refused(in_tmp: Path):
 
 @pytest.mark.slow
 def test_export_url_searches_on_the_users_server_and_leaves_it_as_it_was(in_tmp: Path):
+    """The user's server has no onnxruntime backend: the candidate chosen in-process (first-wins: onnxruntime) is refused
+    there with the server's own words, and the next one (torchscript) is searched and published instead."""
     served = in_tmp / "served"  # the server's own repository: it never sees ours
     served.mkdir()
-    proc, http, _ = start_serve(served, in_tmp)
+    server_cache = in_tmp / "server-cache"
+    home = prepare_home(root=homes_root(server_cache / "aitune-export"))
+    shutil.rmtree(home.root / "backends" / "onnxruntime")  # a Triton build without that backend
+    proc, http, _ = start_serve(served, in_tmp, env={"XDG_CACHE_HOME": str(server_cache)})
     try:
         client = open_client("http", f"127.0.0.1:{http}")
         before = [m for m in client.get_model_repository_index() if m.get("state") == "READY"]
-        r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "4",
-                    "--url", f"127.0.0.1:{http}", "--serve-search-seconds", "40", cwd=in_tmp, serve_search=True)
+        r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--backend", "torchscript", "--strategy", "first-wins",
+                    "--eager-gate", "disabled", "--concurrency", "4", "--url", f"127.0.0.1:{http}", "--serve-search-seconds", "40",
+                    cwd=in_tmp, serve_search=True)
         assert r.returncode == 0, r.stderr
         after = [m for m in client.get_model_repository_index() if m.get("state") == "READY"]
         assert after == before  # every private variant was unloaded
@@ -61,6 +68,11 @@ def test_export_url_searches_on_the_users_server_and_leaves_it_as_it_was(in_tmp:
     config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
     assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances)
     assert not list(served.iterdir())  # nothing was written where the server reads
+    result = doc["result"]
+    refused = next(c for c in result["candidates"] if c["name"] == "onnxruntime[cpu]")
+    assert result["selected"] == "torchscript[cpu]" and config.platform == "pytorch_libtorch"
+    assert f"refused by the Triton at 127.0.0.1:{http}" in refused["reason"] and "onnxruntime" in refused["reason"].split("refused by")[1]
+    assert "refused it; trying torchscript[cpu]" in r.stderr
 
 
 @pytest.mark.slow
