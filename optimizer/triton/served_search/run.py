@@ -1,8 +1,9 @@
 """One served search's run: the order of its stages, loading and measuring variants a group at a time, the best so far.
 
-The stages (points.py says which points): the rules' start, the coarse pass, the refinement of the best two, a close
-call settled by interleaved re-measurement (A B B A), and the published variant at one request at a time (the anchor
-of validate's prediction). The budget is a bound: a group that would not finish in it is not started.
+The stages (points.py says which points): the rules' start, the coarse pass, the refinement of the best two (then, with
+time left, of the others), a close call settled by interleaved re-measurement (A B B A), and the published variant at
+one request at a time (the anchor of validate's prediction). The budget is a bound: a group that would not finish in it
+is not started.
 
 Over 400 lines because every stage reads and updates one state (what was measured, the best, the time left, the
 private names), which the tests drive through this module against a made-up server.
