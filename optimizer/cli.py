@@ -129,7 +129,7 @@ def _served_search_line(search: dict[str, Any]) -> str:
     if chosen is None or start is None or chosen.throughput is None or start.throughput is None:
         return f"served search: {len(found.variants)} variants"
     pct = found.percentile
-    where = " on the free cores" if found.on_free_cores else ""
+    where = " beside other processes' load" if found.beside_load else ""
     return (f"served search for {found.load}: {chosen.point.label} serves {chosen.throughput:.1f}/s, p{pct} "
             f"{chosen.level(chosen.concurrency or 0).latency(pct) if chosen.level(chosen.concurrency or 0) else chosen.p95_ms:.1f} ms "
             f"at concurrency {chosen.concurrency}{where}{label}; the in-process rules' config served {start.throughput:.1f}/s at concurrency "

@@ -1,5 +1,5 @@
-"""Measuring beside another job's busy core: the probe leaves that core to it, measurements run on the rest,
-and what the throughput curve decided is scaled back to every core."""
+"""Measuring beside another job's busy core: the probe leaves that core to it, in-process measurements run on the rest
+and what the throughput curve decided is scaled back to every core; the served search runs on every core beside it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from optimizer.task.core_share import CoreShare, probe
 from optimizer.task.find_max_batch_size import scaled_for_cores
 from optimizer.task.profiling import ContentionMeter
 from optimizer.triton.model_config import parse
-from optimizer.triton.served_search.points import on_free_cores
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.serial  # the probe must find the cores as this test leaves them: no other test beside it
@@ -124,27 +123,19 @@ def test_nothing_is_scaled_on_a_quiet_machine():
     assert scaled_for_cores(_decision("peak", 2), CoreShare((0, 1), (0, 1), 0.0), 256).max_batch_size == 2
 
 
-# -- the served search on the free cores -----------------------------------------------------------------
-
-
-def test_the_served_search_measures_one_instance_on_the_free_cores_and_publishes_it_as_measured():
-    start = OperatingPoint(8, (4,), 200, 2, 1)
-    assert on_free_cores(start, 1, "intra_op_thread_count") == OperatingPoint(8, (4,), 200, 1, 1)
-    assert on_free_cores(start, 3, None).threads == 1  # no thread parameter: the artifact's own setting stays
-
-
 # -- end to end ----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 @needs_two_cores
-def test_an_export_beside_a_busy_core_measures_on_the_free_one_and_publishes_what_it_measured(in_tmp: Path):
+def test_an_export_beside_a_busy_core_measures_in_process_on_the_free_one_and_serves_on_every_core(in_tmp: Path):
     busy = available_cores()[0]
     with spinning_on(busy):
         r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "4",
                     "--serve-search-seconds", "40", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     assert "kept" in r.stderr and "scaled" in r.stderr  # the user is told, in the run and in the report
+    assert "the server runs on every core beside them" in r.stderr
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
     result = doc["result"]
     assert busy not in result["measured_on"]["cores"] and len(result["measured_on"]["cores"]) < len(result["measured_on"]["available"])
@@ -152,13 +143,13 @@ def test_an_export_beside_a_busy_core_measures_on_the_free_one_and_publishes_wha
     assert all(p["others_cpu_share"] < 0.25 for p in decision["profiles"])  # pinned away from the spinner
     search = ServedSearch.from_json(doc["published"]["served_search"])
     assert search.status == "searched", search.reason
-    assert search.on_free_cores and busy not in search.measured_on["cores"]
-    assert all(v.point.instances == 1 and v.point.threads == 1 for v in search.variants)  # one instance on the free core
+    assert search.beside_load and search.measured_on["others_busy"] >= 0.6
+    cores = len(available_cores())
+    # the layouts of every core were measured beside the spinner (not one instance on the free core only)
+    assert {(v.point.instances, v.point.threads) for v in search.variants} >= {(1, cores), (2, cores // 2)}
     chosen = search.chosen_variant
-    assert chosen is not None and chosen.point == search.chosen  # published as measured, never scaled
-    config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
-    assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, 1)
-    assert config.max_batch_size <= max(decision["largest_fit"], decision["measured_max"])
+    assert chosen is not None and chosen.point == search.chosen  # published as measured
     text = (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text()
-    assert text.startswith("# aitune-export:") and "of 2 cores" in text  # the config says where it was measured
-    assert "published as it was measured there" in (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
+    config = parse(text)
+    assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances)
+    assert "on every core while other processes kept" in text  # the config says how it was measured

@@ -189,13 +189,13 @@ def test_an_older_report_without_a_served_search_renders_as_before(tmp_path: Pat
     assert "## Served search" not in rendered.markdown.read_text() and "served_search" not in rendered.plots
 
 
-def test_a_search_on_the_free_cores_says_so_and_publishes_what_it_measured():
-    """Beside another job the variants ran as one instance on the free core; the published point is the one measured
-    there, and the story says it was not scaled to the cores it did not run on."""
-    measured = OperatingPoint(4, (), 0, 1, 1)
+def test_a_search_beside_another_job_says_so_and_publishes_what_it_measured():
+    """Beside another job the variants ran on every core, as the server will be deployed; the story says how busy the
+    machine was and that the published point is the one measured beside that load."""
+    measured = OperatingPoint(4, (), 0, 1, 2)
     doc = _search(chosen=measured.to_json(), measured_on={"cores": [1], "available": [0, 1], "others_busy": 1.0},
                   variants=[_measured(measured, "coarse", [(4, 243.1, 23.3)]).to_json()])
     md = served_search_section(json.loads(json.dumps(doc)))
-    assert "Other processes kept 1.0 of 2 cores busy" in md and "published as it was measured there, not scaled" in md
+    assert "Other processes kept 1.0 of 2 cores busy" in md and "ran on every core beside them" in md and "published as measured" in md
     assert f"**{measured.label}** (published)" in md and "243.1" in md
     assert served_search_figure(doc) is not None

@@ -163,7 +163,7 @@ class ServedSearch:
     in_process_throughput: float | None = None  # in-process samples/s at the batch the server formed
     per_request_ms: float | None = None  # the server's cost per request on top of the in-process time
     predicted_throughput: float | None = None  # what the published config served at `concurrency` in the search
-    measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json() when others kept cores busy (else None)
+    measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json() when others kept cores busy as it began (else None)
     waited_s: float | None = None  # --wait-for-cores: how long the search waited for the cores others used
     refused: bool = False  # the user's server (--url) refused to load the artifact: the export tries the next candidate
     cached_from: str = ""  # when the reused measurements were taken (UTC, ISO 8601); "" when they were taken in this run
@@ -175,8 +175,8 @@ class ServedSearch:
         return next((v for v in reversed(self.variants) if v.point == self.chosen and v.status == "measured" and v.stage != "base"), None)
 
     @property
-    def on_free_cores(self) -> bool:
-        """Whether every variant was measured on fewer cores than the machine has (others kept the rest busy)."""
+    def beside_load(self) -> bool:
+        """Whether other processes kept cores busy as the search began: every variant ran on every core beside that load."""
         return bool(self.measured_on) and len(self.measured_on["cores"]) < len(self.measured_on["available"])
 
     def to_json(self) -> dict[str, Any]:

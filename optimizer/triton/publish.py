@@ -128,9 +128,9 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
                                        result.max_batch_size)
     search = options.served_search
     note = ""
-    if point is not None and search is not None and search.on_free_cores and search.measured_on:
-        note = (f" on {len(search.measured_on['cores'])} of {len(search.measured_on['available'])} cores (other processes kept the rest busy; "
-                "re-export on a quiet machine for a config that uses every core)")
+    if point is not None and search is not None and search.beside_load and search.measured_on:
+        note = (f" on every core while other processes kept {float(search.measured_on['others_busy']):.1f} of "
+                f"{len(search.measured_on['available'])} busy (every variant beside the same load)")
     spec = build_spec(result, options.name, warmup, version_policy_for(state), point, note)
     text = render(spec, options.template_dir)
     source = _template_source(spec.template, options.template_dir)

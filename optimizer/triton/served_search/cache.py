@@ -4,8 +4,8 @@ The key is everything the measurements depend on: the search's own source (a dev
 version, and a changed search must not republish the old one's choice), the artifact's files, the config the variants
 are rendered from (the rules' start, the platform's settings, the client contract), the request mix, the load and budget asked for,
 the server build (the bundled server's home, named by its version and stand-in sources; or a --url server's address
-and version), the target release and the machine. A search measured on the free cores of a busy machine is never
-stored (as in-process measurements on fewer cores are not). An entry is written aside and renamed into place; one
+and version), the target release and the machine. A search measured beside other processes' load is never
+stored (as in-process measurements on fewer cores are not): a quiet re-run measures again. An entry is written aside and renamed into place; one
 that cannot be read is ignored with a warning, never trusted.
 """
 
@@ -73,8 +73,8 @@ class ServedSearchCache:
         return search
 
     def store(self, key: str, search: ServedSearch) -> None:
-        """Keep a finished search (never one measured on the free cores of a busy machine, nor a skipped one)."""
-        if search.status != "searched" or search.on_free_cores or search.cached_from:
+        """Keep a finished search (never one measured beside other processes' load, nor a skipped one)."""
+        if search.status != "searched" or search.beside_load or search.cached_from:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         doc = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "search": search.to_json()}

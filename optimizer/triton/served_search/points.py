@@ -185,12 +185,6 @@ def _reachable(size: int, space: SearchSpace) -> int:
     return size
 
 
-def on_free_cores(point: OperatingPoint, cores: int, thread_parameter: str | None) -> OperatingPoint:
-    """The rules' point as it runs on the cores other processes left free: one instance using all of them (what is measured
-    there is published as measured, never scaled to cores it did not run on)."""
-    return replace(point, instances=1, threads=cores if thread_parameter else point.threads)
-
-
 def better(v: ServedVariant, best: ServedVariant | None, budget_ms: float | None, percentile: int = 95, top: float | None = None) -> bool:
     """Whether `v` should replace `best`: within the latency budget first, then throughput beyond the noise,
     then (throughput within the noise of `best` and of `top`, the most any variant served) a clearly lower

@@ -43,7 +43,8 @@ class Where:
 @contextmanager
 def local_server(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, text: str, extra: dict[str, bytes],
            on_event: EventSink) -> Iterator[Where | None]:
-    """The bundled tritonserver on a private repository of links to the artifact, pinned to the cores others leave free."""
+    """The bundled tritonserver on a private repository of links to the artifact, on every core (beside any other load:
+    see search._search)."""
     from optimizer.triton.validation.target import ModelTarget, local_servability
 
     artifact = result.selected_candidate.artifact
@@ -74,7 +75,7 @@ def local_server(result: TuneResult, options: PublishOptions, request: SearchReq
             (repo / name / rel).parent.mkdir(parents=True, exist_ok=True)
             (repo / name / rel).write_bytes(data)
 
-    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home, cores=share.pin if share else None) as server:
+    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home) as server:
         url = server.http_url if request.protocol == "http" else server.grpc_url
         search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {url} ({request.protocol})"
         search.protocol = request.protocol

@@ -34,7 +34,7 @@ class ExportReference:
     profile_feed: Path | None = None  # the request mix in-process profiling and the served search timed
     predicted_concurrency: int | None = None  # the served search's concurrency (None: an in-process prediction)
     predicted_how: str = ""  # where the prediction comes from, in words
-    predicted_cores: str = ""  # "1 of 2 cores" when the export measured on the cores other processes left free ("" on all)
+    predicted_cores: str = ""  # "1 of 2 cores" (in-process) or "every core while ..." when others' load shared the export's measurements
     served_curve: list[LoadLevel] = field(default_factory=list)  # what the served search measured of the published config, per load
     single_request_ms: float | None = None  # the server's cost per request + the in-process time of a batch of one
     served_protocol: str = ""  # what the served search measured over ("" before it was recorded)
@@ -133,8 +133,9 @@ def load_export_reference(report_path: Path) -> ExportReference:
                 curve.update({lv.concurrency: lv for lv in v.curve})
         reference.served_curve = [curve[c] for c in sorted(curve)]
         reference.served_protocol = search.protocol
-        if search.on_free_cores and search.measured_on:
-            reference.predicted_cores = f"{len(search.measured_on['cores'])} of {len(search.measured_on['available'])} cores"
+        if search.beside_load and search.measured_on:
+            reference.predicted_cores = (f"every core while other processes kept {float(search.measured_on['others_busy']):.1f} of "
+                                         f"{len(search.measured_on['available'])} busy")
         one = decision.profile_at(1) if decision is not None else None
         if search.per_request_ms is not None and one is not None:
             reference.single_request_ms = search.per_request_ms + one.mean_ms

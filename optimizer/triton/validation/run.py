@@ -198,7 +198,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
                                 f"{reference.predicted_busy:.0%} of the CPU; the ratio mixes that contention with serving overhead.")
         if reference is not None and reference.predicted_cores:
             record.notes.append(f"the predicted {record.predicted_throughput:.1f} infer/s was measured on {reference.predicted_cores} "
-                                "(other processes kept the rest busy during the export); the ratio compares it with every core.")
+                                "during the export; the ratio compares it with this server as it is now.")
     record.status = "passed"
     label = f" ({STAND_IN_LABEL})" if record.stand_in else ""
     record.reason = (f"loaded, answers match over {', '.join(a.protocol for a in record.answers)}, "
