@@ -47,7 +47,9 @@ BESIDE_LOAD = ("other processes kept {busy:.1f} of {cores} cores busy as the ser
 measure layouts for fewer cores, and what it published (one instance, one thread on the bundled CNN) served 0.62 of the quiet
 export's choice on the idle machine (benchmarks/noisy_choice.py). Beside one spinning core, the CNN's quick served grid
 on both cores still ranked its three best configs 1 instance x 2 threads, as on the idle machine, at 0.6-0.7 of their idle
-throughput; unlike in-process, a served variant's parallel regions did not stall behind the spinner."""
+throughput; unlike in-process, a served variant's parallel regions did not stall behind the spinner. After the change the
+CNN's busy exports all published the quiet layout (worst busy run 0.87x of the quiet choice), but half the bundled
+transformer's published 2 instances x 1 thread (worst 0.43x): the load does not meet every layout alike for every model."""
 
 __all__ = ["SearchRequest", "served_search", "request_mix", "STAND_IN_LABEL"]
 
