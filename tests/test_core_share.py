@@ -16,7 +16,7 @@ import pytest
 
 from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile, MaxBatchDecision
-from optimizer.records.served_search import OperatingPoint, ServedSearch
+from optimizer.records.served_search import ServedSearch
 from optimizer.task.core_share import CoreShare, probe
 from optimizer.task.find_max_batch_size import scaled_for_cores
 from optimizer.task.profiling import ContentionMeter

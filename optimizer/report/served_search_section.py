@@ -91,8 +91,8 @@ def _story(search: dict[str, Any]) -> str:
     if share and len(share.get("cores") or []) < len(share.get("available") or []):
         waited = f" after waiting {float(search['waited_s']):g} s for them (--wait-for-cores)" if search.get("waited_s") else ""
         third += (f" Other processes kept {float(share['others_busy']):.1f} of {len(share['available'])} cores busy{waited}; the server "
-                  f"ran on every core beside them, as it will be deployed, so every variant met that load alike: **{chosen}** is published "
-                  "as measured, and its throughputs are below what an idle machine gives.")
+                  f"ran on every core beside them, as it will be deployed, and every variant was measured beside that load: **{chosen}** is "
+                  "published as measured; its throughputs are below what an idle machine gives, and a quiet export can choose otherwise.")
     return f"{first} {second}{third}"
 
 

@@ -41,8 +41,8 @@ from optimizer.vocab import Device
 log = logging.getLogger(__name__)
 
 BESIDE_LOAD = ("other processes kept {busy:.1f} of {cores} cores busy as the served search began; the server runs on every core "
-               "beside them, as it will be deployed, so every variant meets that load alike: throughputs are below an idle "
-               "machine's and the comparison holds")
+               "beside them, as it will be deployed, and every variant is measured beside that load: throughputs are below an "
+               "idle machine's and the choice can differ from a quiet export's (export on a quiet machine, or give --wait-for-cores)")
 """Why the served search is not pinned to the free cores as in-process measurement is: a server pinned there can only
 measure layouts for fewer cores, and what it published (one instance, one thread on the bundled CNN) served 0.62 of the quiet
 export's choice on the idle machine (benchmarks/noisy_choice.py). Beside one spinning core, the CNN's quick served grid
