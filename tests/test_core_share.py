@@ -152,4 +152,6 @@ def test_an_export_beside_a_busy_core_measures_in_process_on_the_free_one_and_se
     text = (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text()
     config = parse(text)
     assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances)
+    assert config.max_batch_size <= max(decision["largest_fit"], decision["measured_max"])  # the batches measured in-process bound it
     assert "on every core while other processes kept" in text  # the config says how it was measured
+    assert "ran on every core beside them" in (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()  # and the report

@@ -42,7 +42,6 @@ from typing import Any
 
 from optimizer.errors import ValidationError
 from optimizer.machine import cache_root
-from optimizer.task.core_share import pin_to
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +221,6 @@ class LocalTritonServer:
         log_path: where the server log goes (default: a temporary file removed with the server).
         startup_timeout_s: how long the server may take to answer /v2/health/live.
         load_timeout_s: how long loading one model may take.
-        cores: the CPU cores the server (and every backend it runs) is pinned to; None: all of them.
         http_port, grpc_port: fixed ports (`aitune-export serve`); None: free loopback ports chosen per start.
         model_control_mode: Triton's --model-control-mode (explicit, none or poll).
         load_models: models loaded at start (--load-model, "*" for all; explicit mode only).
@@ -234,12 +232,11 @@ class LocalTritonServer:
 
     def __init__(self, repository: Path | str, *, log_path: Path | None = None, startup_timeout_s: float = 120.0,
                  load_timeout_s: float = 300.0, home: ServerHome | None = None, env: dict[str, str] | None = None,
-                 cores: list[int] | None = None, http_port: int | None = None, grpc_port: int | None = None,
+                 http_port: int | None = None, grpc_port: int | None = None,
                  model_control_mode: str = "explicit", load_models: tuple[str, ...] = (), address: str = "127.0.0.1") -> None:
         remote = isinstance(repository, str) and repository.startswith("s3://")
         self.repository: Path | str = repository if remote else Path(repository).resolve()
         self._env = dict(env or {})
-        self._cores = cores  # the server runs on these CPU cores only (None: every core)
         self.startup_timeout_s = startup_timeout_s
         self.load_timeout_s = load_timeout_s
         self._home = home
@@ -343,7 +340,7 @@ class LocalTritonServer:
         ]
         with open(self.log_path, "ab") as log_file:
             self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                          start_new_session=True, preexec_fn=self._preexec)
+                                          start_new_session=True, preexec_fn=_die_with_parent)
         log.info("tritonserver pid %d on http %s grpc %s, repository %s", self._proc.pid, self.http_url, self.grpc_url, self.repository)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
@@ -357,10 +354,6 @@ class LocalTritonServer:
             time.sleep(0.1)
         self.stop()
         raise ValidationError(f"tritonserver did not answer on {self.http_url} within {self.startup_timeout_s:.0f} s; log: {self.log_path}")
-
-    def _preexec(self) -> None:
-        _die_with_parent()
-        pin_to(self._cores)
 
     def load(self, name: str) -> None:
         """Load one model and wait until it is ready; a failure raises ValidationError with Triton's own text."""
