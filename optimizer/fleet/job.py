@@ -19,12 +19,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from optimizer.errors import SettingsError
 from optimizer.records.report_file import read_report
 from optimizer.records.served_search import ServedSearch
 from optimizer.settings import ExportSettings
+from optimizer.task.isolation import parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def run_job(job: ModelJob) -> ModelOutcome:
             env = {k: v for k, v in {**os.environ, **job.env}.items() if k not in job.unset}
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_parent_death_signal())
+                                    preexec_fn=parent_death_signal(signal.SIGTERM))
             try:
                 outcome.exit_code = proc.wait()
             except BaseException:  # Ctrl-C, SIGTERM turned into KeyboardInterrupt, or a Ray cancel: stop the export, then go on stopping
@@ -180,18 +181,3 @@ def stop_process(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """For the child, before exec (Linux): SIGTERM when the worker that started it dies (a Ray task cancelled with force).
-
-    prctl is looked up here, in the parent: the function that runs in the forked child only calls it (no import, no
-    lock another thread of a Ray worker could hold).
-    """
-    if sys.platform != "linux":
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    PR_SET_PDEATHSIG = 1
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM.value)

@@ -130,15 +130,34 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent dies, so a killed run leaves no orphaned builds behind."""
+def parent_death_signal(sig: signal.Signals) -> Callable[[], None] | None:
+    """A `preexec_fn` (Linux) that has the kernel send `sig` to the child when the thread that started it dies,
+    so a killed run leaves no orphaned servers or exports behind; None elsewhere.
+
+    prctl is looked up here, in the parent. The returned function, which runs in the forked child between fork
+    and exec, only calls it: a lookup there (dlopen) can deadlock on a lock another thread held at fork time,
+    and Popen then waits for an exec that never comes.
+    """
+    if sys.platform != "linux":
+        return None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    value = int(sig)
+    return lambda: prctl(_PR_SET_PDEATHSIG, value)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In a spawned child (single-threaded, so the lookup is safe): SIGKILL when the parent dies."""
+    set_signal = parent_death_signal(signal.SIGKILL)
+    if set_signal is not None:
+        set_signal()
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
 

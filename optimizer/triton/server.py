@@ -18,7 +18,6 @@ together when the server fails to start.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.metadata
 import logging
@@ -42,6 +41,7 @@ from typing import Any
 
 from optimizer.errors import ValidationError
 from optimizer.machine import cache_root
+from optimizer.task.isolation import parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,6 @@ STANDIN_DIR = Path(__file__).parent / "standin_backends"
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
 """Triton's python backend names its regions <prefix><n>; ours start with this plus a per-server token."""
-
-_PR_SET_PDEATHSIG = 1
-
 
 class ToolMissing(ValidationError):
     """tritonserver or perf_analyzer is not installed where the project expects it."""
@@ -192,16 +189,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: if our process dies without stopping the server (SIGKILL,
-    a crash), the kernel sends it SIGTERM. Linux ties this to the starting *thread*: start the server
-    from a thread that outlives it (the main thread, as validate does)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (AttributeError, OSError):
-        pass
-
-
 @dataclass
 class ServerFailure:
     """Why a start attempt ended: the exit status and the error lines of the server log."""
@@ -338,9 +325,12 @@ class LocalTritonServer:
             "--allow-metrics=false",
             f"--exit-timeout-secs={self.exit_timeout_s}",
         ]
+        # if our process dies without stopping the server (SIGKILL, a crash), the kernel sends it SIGTERM. Linux ties
+        # this to the starting *thread*: start the server from a thread that outlives it (the main thread, as validate does)
+        stop_with_us = parent_death_signal(signal.SIGTERM)
         with open(self.log_path, "ab") as log_file:
             self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                          start_new_session=True, preexec_fn=_die_with_parent)
+                                          start_new_session=True, preexec_fn=stop_with_us)
         log.info("tritonserver pid %d on http %s grpc %s, repository %s", self._proc.pid, self.http_url, self.grpc_url, self.repository)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
