@@ -71,3 +71,14 @@ def test_same_choice_is_backend_and_max_batch_within_a_power_of_two(noisy, tmp_p
     assert not noisy.same_choice(noisy.Run("s2", tmp_path, backend="onnxruntime", max_batch=32), quiet)
     assert not noisy.same_choice(noisy.Run("s3", tmp_path, backend="torchscript", max_batch=8), quiet)
     assert not noisy.same_choice(noisy.Run("s4", tmp_path, backend="onnxruntime", max_batch=8, error="export exit 1"), quiet)
+
+
+def test_url_choice_refuses_bad_arguments_before_starting_anything():
+    """benchmarks/url_choice.py (export --url against the local export) reuses these numbers; a bad count is one usage error."""
+    import subprocess
+
+    script = SCRIPT.with_name("url_choice.py")
+    r = subprocess.run([sys.executable, str(script), "--runs", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--runs, --pairs and --concurrency must be at least 1" in r.stderr
+    r = subprocess.run([sys.executable, str(script), "--models", "resnet"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown models ['resnet']" in r.stderr
