@@ -42,6 +42,74 @@ def test_file_py_callable(tmp_path: Path):
     assert sig.inputs[0].dtype.name == "int32"
 
 
+HF_STYLE = """import torch
+class Encoder(torch.nn.Module):
+    # as Hugging Face models do: every input optional, by keyword or by position
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 4)
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, return_dict=None):
+        h = self.emb(input_ids) * attention_mask.unsqueeze(-1).float()
+        if token_type_ids is not None:
+            h = h + token_type_ids.unsqueeze(-1).float()
+        return {"pooled": h.sum(1)}
+ids = torch.tensor([[3, 7, 9, 1], [4, 4, 2, 0]])
+mask = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]])
+def positional():
+    torch.manual_seed(0)
+    return Encoder(), (ids, mask)
+def by_name_out_of_order():
+    torch.manual_seed(0)
+    return Encoder(), {"attention_mask": mask, "input_ids": ids}
+def skipping():
+    torch.manual_seed(0)
+    return Encoder(), {"input_ids": ids, "token_type_ids": mask}
+def no_examples():
+    torch.manual_seed(0)
+    return Encoder()
+"""
+
+
+@pytest.mark.parametrize("factory", ["positional", "by_name_out_of_order"])
+def test_optional_forward_arguments_are_named_and_ordered_as_forward_takes_them(tmp_path: Path, factory: str):
+    """Hugging Face style forward(input_ids=None, attention_mask=None, ...): examples given by position or by name in
+    any order become inputs named after forward()'s arguments, in its order, and reach the right arguments."""
+    src = tmp_path / "hf_style.py"
+    src.write_text(HF_STYLE)
+    m = load_model(f"{src}:{factory}")
+    sig = resolve_signature(m)
+    assert sig.input_names == ["input_ids", "attention_mask"]
+    feed = {"input_ids": np.array([[5, 6, 7, 8]]), "attention_mask": np.array([[1, 0, 0, 1]])}
+    got = run_reference(m, sig.input_names, feed)[0]
+    with torch.no_grad():
+        want = m.module(input_ids=torch.tensor(feed["input_ids"]), attention_mask=torch.tensor(feed["attention_mask"]))["pooled"]
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+def test_optional_forward_arguments_from_input_specs_follow_forwards_order(tmp_path: Path):
+    src = tmp_path / "hf_style.py"
+    src.write_text(HF_STYLE)
+    m = load_model(f"{src}:no_examples")
+    specs = [parse_input_spec("attention_mask:int64:4"), parse_input_spec("input_ids:int64:4")]
+    sig = resolve_signature(m, specs, value_ranges={"input_ids": (0, 49), "attention_mask": (0, 1)})
+    assert sig.input_names == ["input_ids", "attention_mask"]
+    with pytest.raises(SignatureError, match=r"the model's inputs are: \(none required\); optional: input_ids, attention_mask"):
+        resolve_signature(m, [parse_input_spec("ids:int64:4")])
+
+
+def test_an_optional_argument_skipped_before_a_given_one_is_one_line(tmp_path: Path):
+    src = tmp_path / "hf_style.py"
+    src.write_text(HF_STYLE)
+    with pytest.raises(SignatureError) as info:
+        resolve_signature(load_model(f"{src}:skipping"))
+    assert "input 'token_type_ids' comes after forward() argument 'attention_mask'" in str(info.value)
+    assert "--input attention_mask:DTYPE:DIMS" in str(info.value)
+    misnamed = tmp_path / "hf_misnamed.py"
+    misnamed.write_text(HF_STYLE + "def misnamed():\n    return Encoder(), {'input_ids': ids, 'mask': mask}\n")
+    with pytest.raises(ModelLoadError, match=r"example input 'mask', which is not a positional argument of forward\(\)"):
+        load_model(f"{misnamed}:misnamed")
+
+
 def test_generic_factory_names_take_the_module_name():
     assert default_model_name("optimizer.examples.cnn:build") == "cnn"
     assert default_model_name("models/resnet.py:create_model") == "resnet"

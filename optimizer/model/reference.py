@@ -139,7 +139,7 @@ def resolve_signature(
     axis that changes between them is dynamic.
     """
     names, inferred = inferred_inputs(model, batching)
-    inputs = merge_specs(inferred, names, input_specs, value_ranges or {})
+    inputs = merge_specs(inferred, names, input_specs, value_ranges or {}, optional=model.optional_forward_names)
     sig = Signature(inputs=inputs, batching=batching)
     points = [ShapePoint(b, p) for b in ((1, 2) if batching else (0,)) for p in ("min", "max")]
     observed: list[list[np.ndarray]] = []

@@ -204,25 +204,36 @@ def merge_specs(
     forward_names: Sequence[str] | None,
     specs: Sequence[InputSpec],
     value_ranges: dict[str, tuple[float, float]],
+    optional: Sequence[str] = (),
 ) -> tuple[TensorSpec, ...]:
     """Combine what the model tells (names, example shapes) with what the user said (--input, --value-range).
 
-    User specs win for dtype and dims; an input the user names that the model lacks is an error.
+    User specs win for dtype and dims; an input the user names that the model lacks is an error. `optional`:
+    forward()'s positional arguments with defaults; those given by an example or --input become inputs too, in
+    forward()'s order (every backend passes inputs by position), and one may not be skipped before a given one.
     """
     by_name = {t.name: t for t in inferred or ()}
-    names = list(forward_names or [t.name for t in inferred or ()])
     user = {s.name: s for s in specs}
     if len(user) != len(specs):
         raise SignatureError("--input names an input twice; give each input once.")
-    if names:
-        unknown = [n for n in user if n not in names]
+    known = list(forward_names or ()) + [n for n in optional if n not in (forward_names or ())]
+    if known:
+        unknown = [n for n in user if n not in known]
         if unknown:
+            listed = ", ".join(known) if not optional else f"{', '.join(forward_names) or '(none required)'}; optional: {', '.join(optional)}"
+            raise SignatureError(f"--input names {', '.join(map(repr, unknown))} but the model's inputs are: {listed}; use the forward() argument names.")
+        given = set(by_name) | set(user)
+        last = max([known.index(n) for n in given if n in known] + [len(forward_names or ()) - 1])
+        names = known[:last + 1]
+        skipped = [n for n in names if n not in given and n in optional]
+        if skipped:
+            after = next(n for n in reversed(names) if n in given)
             raise SignatureError(
-                f"--input names {', '.join(map(repr, unknown))} but the model's inputs are: {', '.join(names)}; "
-                "use the forward() argument names."
-            )
+                f"input {after!r} comes after forward() argument {skipped[0]!r}, which has no example and no --input spec; inputs are "
+                f"passed by position, so give {skipped[0]!r} too (--input {skipped[0]}:DTYPE:DIMS) or wrap the model so that forward() "
+                "takes only the inputs you serve.")
     else:
-        names = [s.name for s in specs]
+        names = [t.name for t in inferred or ()] or [s.name for s in specs]
     result = []
     for n in names:
         if n in user:

@@ -57,7 +57,8 @@ class LoadedModel:
     name: str
     module: Any = None  # torch.nn.Module, ScriptModule or the GraphModule of an ExportedProgram
     onnx_path: Path | None = None
-    forward_names: list[str] = field(default_factory=list)
+    forward_names: list[str] = field(default_factory=list)  # forward()'s required positional arguments
+    optional_forward_names: list[str] = field(default_factory=list)  # its positional arguments with defaults, after those
     example_inputs: dict[str, np.ndarray] | None = None
     output_names: list[str] = field(default_factory=list)  # known only for ONNX sources (graph outputs)
     axis_ranges: dict[str, list[tuple[int, int] | None]] | None = None  # ExportedProgram: (min, max) of symbolic dims
@@ -236,19 +237,29 @@ def _load_callable(source: ModelSource) -> LoadedModel:
 def _from_result(source: ModelSource, module: Any, examples: Any, name: str) -> LoadedModel:
     module.eval()
     names = forward_argument_names(unwrap_distributed(module))
-    example_np = _examples_to_numpy(examples, names, source.spec) if examples is not None else None
-    if example_np is not None and not names:
+    optional = forward_optional_names(unwrap_distributed(module))
+    example_np = _examples_to_numpy(examples, names + optional, source.spec) if examples is not None else None
+    if example_np is not None and not names and not optional:
         names = list(example_np)
-    return LoadedModel(source=source, name=name, module=module, forward_names=names, example_inputs=example_np)
+    return LoadedModel(source=source, name=name, module=module, forward_names=names, optional_forward_names=optional,
+                       example_inputs=example_np)
 
 
 def _examples_to_numpy(examples: Any, names: list[str], spec: str) -> dict[str, np.ndarray]:
+    """Example inputs by name, in forward()'s order. `names`: forward()'s positional arguments, optional ones included
+    ([] when forward takes *args): a tuple binds to them as a call would, a dict's keys must be among them."""
     import torch
 
     if isinstance(examples, torch.Tensor):
         examples = (examples,)
     if isinstance(examples, dict):
         items = list(examples.items())
+        unknown = [k for k, _ in items if names and k not in names]
+        if unknown:
+            raise ModelLoadError(f"{spec!r} gave example input {unknown[0]!r}, which is not a positional argument of forward() "
+                                 f"(it takes: {', '.join(names)}); name the examples after forward()'s arguments.")
+        if names:
+            items.sort(key=lambda item: names.index(item[0]))  # every backend passes inputs by position
     elif isinstance(examples, (tuple, list)):
         if names and len(examples) > len(names):
             raise ModelLoadError(f"{spec!r} gave {len(examples)} example inputs but forward() takes {len(names)}: {', '.join(names)}.")
@@ -362,6 +373,27 @@ def _load_pickled(source: ModelSource) -> LoadedModel:
 
     payload = torch.load(source.spec, weights_only=False)
     return _from_result(source, payload["module"], payload["example_inputs"], type(payload["module"]).__name__.lower())
+
+
+def forward_optional_names(module: Any) -> list[str]:
+    """forward()'s positional arguments that have defaults, in order, after the required ones (Hugging Face models take
+    every input this way: `forward(self, input_ids=None, attention_mask=None, ...)`). An input the user gives among
+    them is passed by position like the required ones; [] for TorchScript and when forward takes *args first."""
+    import torch
+
+    if isinstance(module, torch.jit.ScriptModule):
+        return []
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    names = []
+    for p in params:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        if p.default is not p.empty:
+            names.append(p.name)
+    return names
 
 
 def forward_argument_names(module: Any) -> list[str]:
