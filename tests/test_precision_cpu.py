@@ -117,6 +117,24 @@ def test_top1_decides_even_when_cosine_passes():
     assert r.outputs[0].cosine > 0.999 and r.outputs[0].top1 == 0.5 and not r.passed
 
 
+def test_integer_outputs_are_judged_by_equal_values_and_reported_as_such():
+    """A model that returns class indices (argmax) beside scores: the indices are judged by the share that equal the
+    reference's against the top-1 budget, and report lines call that agreement, not cosine."""
+    rng = np.random.default_rng(1)
+    scores = _scores(rng, 100)
+    ref = [{"scores": scores, "label": scores.argmax(1)}]
+    labels = scores.argmax(1).copy()
+    labels[:2] = (labels[:2] + 1) % 10  # 98 of 100 indices agree
+    got = [{"scores": scores + 1e-4, "label": labels}]
+    r = judge(["scores", "label"], ["x"], ref, got, AccuracyBudget(), batching=True)
+    assert not r.passed and r.outputs[1].exact and not r.outputs[0].exact
+    assert r.agreement == 0.98 and r.cosine > 0.9999  # the indices do not pull the scores' cosine down
+    assert r.reason.startswith("accuracy gate: output 'label' equals the reference in 0.9800 of its integer values (needs >= 0.99")
+    assert r.summary() == f"cosine {r.cosine:.6f}, integer outputs agree 0.980000"
+    labels[1] = scores.argmax(1)[1]  # 99 of 100: within the default top-1 budget
+    assert judge(["scores", "label"], ["x"], ref, got, AccuracyBudget(), batching=True).passed
+
+
 def test_nan_fails_the_gate_even_when_the_users_check_accepts_it():
     ref = [{"y": np.ones((2, 8), np.float32)}]
     nan = [{"y": np.full((2, 8), np.nan, np.float32)}]

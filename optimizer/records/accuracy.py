@@ -30,7 +30,9 @@ class AccuracyBudget:
 @dataclass
 class OutputAccuracy:
     """One output over every run of the check: the least cosine similarity of a run, the largest absolute error,
-    and for class-score outputs ([batch, classes]) the share of rows whose arg-max agrees with the reference."""
+    and for class-score outputs ([batch, classes]) the share of rows whose arg-max agrees with the reference.
+    An integer or boolean output (`exact`: class indices, token ids, masks) is judged by the share of its values that
+    equal the reference's, held in `cosine` and `top1` alike and measured against the top-1 budget."""
 
     name: str
     cosine: float
@@ -38,6 +40,7 @@ class OutputAccuracy:
     top1: float | None = None
     passed: bool = True
     note: str = ""
+    exact: bool = False
 
 
 @dataclass
@@ -60,8 +63,19 @@ class AccuracyReport:
 
     @property
     def cosine(self) -> float:
-        """The least cosine similarity of any output (what report lines show)."""
-        return min((o.cosine for o in self.outputs), default=1.0)
+        """The least cosine similarity of any floating-point output."""
+        return min((o.cosine for o in self.outputs if not o.exact), default=1.0)
+
+    @property
+    def agreement(self) -> float | None:
+        """The least share of equal values of any integer or boolean output; None when there is none."""
+        return min((o.cosine for o in self.outputs if o.exact), default=None)
+
+    def summary(self) -> str:
+        """What report lines show: "cosine X", plus the integer outputs' agreement when there are any."""
+        agree = self.agreement
+        parts = [f"cosine {self.cosine:.6f}"] if any(not o.exact for o in self.outputs) or agree is None else []
+        return ", ".join(parts + ([f"integer outputs agree {agree:.6f}"] if agree is not None else []))
 
     @property
     def reason(self) -> str:
@@ -74,6 +88,9 @@ class AccuracyReport:
         if self.check_passed is False:
             return f"accuracy gate: --accuracy-check {self.budget.check} rejected it (score {self.check_score:.6g})"
         bad = next(o for o in self.outputs if not o.passed)
+        if bad.exact:
+            return (f"accuracy gate: output {bad.name!r} equals the reference in {bad.cosine:.4f} of its integer values "
+                    f"(needs >= {self.budget.top1:g}, the top-1 budget), max abs error {bad.max_abs:.3g}")
         top1 = f", top-1 agreement {bad.top1:.4f} (needs >= {self.budget.top1:g})" if bad.top1 is not None else ""
         return (f"accuracy gate: output {bad.name!r} cosine {bad.cosine:.6f} (needs >= {self.budget.cosine:g}){top1}, "
                 f"max abs error {bad.max_abs:.3g}")

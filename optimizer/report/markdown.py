@@ -168,7 +168,8 @@ def _candidates(result: TuneResult) -> str:
     return "\n".join(["## Candidates", "", _table(_CANDIDATE_HEADER, rows)])
 
 
-_PRECISION_HEADER = ["candidate", "precision", "status", "best throughput (/s)", "vs best fp32", "cosine (min)", "max abs error", "top-1", "judged by"]
+_PRECISION_HEADER = ["candidate", "precision", "status", "best throughput (/s)", "vs best fp32", "cosine (min)", "max abs error",
+                     "top-1 (integer outputs: equal values)", "judged by"]
 
 
 def precision_section(result: TuneResult) -> str:
@@ -193,7 +194,7 @@ def precision_section(result: TuneResult) -> str:
                   else "--tolerance" if cand.correctness is not None else "")
         rows.append([name, precision + (f" ({meta['numerics_note']})" if meta.get("numerics_note") else ""), cand.status,
                      f"{cand.best_throughput:.1f}" if cand.best_throughput else "", ratio,
-                     f"{acc.cosine:.6f}" if acc is not None else "", f"{max(o.max_abs for o in acc.outputs):.3g}" if acc is not None and acc.outputs else "",
+                     f"{acc.cosine:.6f}" if acc is not None and any(not o.exact for o in acc.outputs) else "", f"{max(o.max_abs for o in acc.outputs):.3g}" if acc is not None and acc.outputs else "",
                      f"{min(top1):.4f}" if top1 else "", judged])
     lines = ["## Precision", "", f"--precision {block['requested']}: candidates at {', '.join(block['candidates'])}; "
              "bf16 and INT8 candidates are judged by the accuracy gate against fp32 eager (shapes run short, long and back "

@@ -96,7 +96,7 @@ def judge(names: Sequence[str], order: Sequence[str], reference: list[Outputs], 
         nan = any(bool(np.any(np.isnan(o.astype(np.float64)) != np.isnan(r.astype(np.float64)))) for o, r in zip(outs, refs))
         if any(r.dtype.kind not in "fc" for r in refs):  # integer / boolean outputs: agreement is all there is
             agree = float(np.mean(np.concatenate([(o == r).ravel() for o, r in zip(outs, refs)]))) if refs else 1.0
-            report.outputs.append(OutputAccuracy(name, agree, _max_abs(outs, refs), agree, agree >= budget.top1))
+            report.outputs.append(OutputAccuracy(name, agree, _max_abs(outs, refs), agree, agree >= budget.top1, exact=True))
             continue
         cosine = min((_cosine(o, r) for o, r in zip(outs, refs)), default=1.0)
         top1 = None

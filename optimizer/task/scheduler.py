@@ -321,7 +321,7 @@ class _ProgressWatcher:
         if cand.correctness is not None and cand.correctness.passed and not self._checked:
             self._checked = True
             acc = cand.correctness.accuracy  # a bf16 / INT8 candidate: what the gate judged it by
-            gate = f"accuracy gate: cosine {acc.cosine:.6f}, " if acc is not None else ""
+            gate = f"accuracy gate: {acc.summary()}, " if acc is not None else ""
             emit("correctness", "done", f"{gate}max abs {cand.correctness.max_abs:.2g}, max rel {cand.correctness.max_rel:.2g}")
         for p in cand.decision.profiles if cand.decision else ():
             if p.batch_size not in self._batches:

@@ -162,7 +162,7 @@ def precision_comment(cand: Any) -> str:
         return ""
     how = {"bf16": "bf16 compute, fp32 inputs and outputs", "int8": f"INT8, {meta.get('quantizer', 'post-training static quantization')}"}
     accuracy = cand.correctness.accuracy if cand.correctness is not None else None
-    judged = f"; accuracy gate vs fp32 eager: cosine {accuracy.cosine:.6f}" if accuracy is not None else ""
+    judged = f"; accuracy gate vs fp32 eager: {accuracy.summary()}" if accuracy is not None else ""
     return f"# precision: {precision} ({how.get(precision, precision)}){judged}; candidate {cand.name}\n"
 
 
