@@ -95,6 +95,9 @@ def test_optional_forward_arguments_from_input_specs_follow_forwards_order(tmp_p
     assert sig.input_names == ["input_ids", "attention_mask"]
     with pytest.raises(SignatureError, match=r"the model's inputs are: \(none required\); optional: input_ids, attention_mask"):
         resolve_signature(m, [parse_input_spec("ids:int64:4")])
+    with pytest.raises(SignatureError, match=r"forward\(\) takes only optional arguments \(input_ids, attention_mask, token_type_ids, "
+                       r"return_dict\) and none was given; name the inputs you serve with --input, e\.g\. --input input_ids:DTYPE:DIMS"):
+        resolve_signature(m)
 
 
 def test_an_optional_argument_skipped_before_a_given_one_is_one_line(tmp_path: Path):

@@ -225,6 +225,10 @@ def merge_specs(
         given = set(by_name) | set(user)
         last = max([known.index(n) for n in given if n in known] + [len(forward_names or ()) - 1])
         names = known[:last + 1]
+        if not names:
+            raise SignatureError(f"forward() takes only optional arguments ({', '.join(optional[:4])}{', ...' if len(optional) > 4 else ''}) "
+                                 f"and none was given; name the inputs you serve with --input, e.g. --input {optional[0]}:DTYPE:DIMS, "
+                                 "or return example inputs from the factory.")
         skipped = [n for n in names if n not in given and n in optional]
         if skipped:
             after = next(n for n in reversed(names) if n in given)
