@@ -16,9 +16,11 @@ benchmarks/noisy_choice.py serves a busy run against the quiet one (its A/A cont
 Usage: .venv/bin/python benchmarks/url_choice.py [--models cnn] [--runs 1] [--concurrency 16] [--pairs 4]
        [--window-ms 1000] [--keep] [-- EXTRA EXPORT ARGS]
 Ends with one line per model:
-  url_choice model=NAME runs=N concurrency=C min_ratio=X ratio_lo=L ratio_hi=H same_choice=K/N left_loaded=M
+  url_choice model=NAME runs=N concurrency=C min_ratio=X ratio_lo=L ratio_hi=H same_choice=K/N left_loaded=M variant_cost_ratio=V
 (min_ratio: the lowest URL/local ratio over the runs; ratio_lo/ratio_hi: that run's 90% interval; left_loaded: models
-READY on the server after an export that were not before, summed over the runs; a failed export counts as ratio 0.)
+READY on the server after an export that were not before, summed over the runs; variant_cost_ratio: the median over
+the pairs of the URL search's median seconds per variant over the local one's (the issue's "a variant over the URL
+costs no more than a local variant"); a failed export counts as ratio 0.)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,6 +84,15 @@ def ready_models(grpc_port: int) -> list[str]:
     return sorted(m["name"] for m in index if m.get("state") == "READY")
 
 
+def variant_cost(run: Run) -> tuple[int, float | None]:
+    """(variants measured, median seconds per variant after the start) of the run's served search; the start loads
+    alone and warms the server, so it is left out, as the search's own cost figure does."""
+    search = (run.report.get("published") or {}).get("served_search") or {}
+    measured = [v for v in search.get("variants", []) if v.get("status") == "measured"]
+    costs = [float(v["seconds"]) for v in measured if v.get("stage") != "start" and v.get("seconds")]
+    return len(measured), (statistics.median(costs) if costs else None)
+
+
 def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[Path]) -> str:
     """Export locally and by URL, serve both results on the quiet machine, and return the model's line."""
     def fresh(label: str) -> Run:
@@ -96,14 +108,15 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
     try:
         for local, remote in pairs:
             export_once(local, MODELS[name], load)
-            print(f"{name} {local.label}: {local.choice()} ({local.error or f'tune {local.tune_seconds:.1f} s'}; wall {local.wall_seconds:.1f} s)", flush=True)
+            print(f"{name} {local.label}: {local.choice()} ({local.error or f'tune {local.tune_seconds:.1f} s'}; wall {local.wall_seconds:.1f} s; "
+                  f"{cost_text(local)})", flush=True)
             before = ready_models(grpc)
             export_once(remote, MODELS[name], [*load, "--url", f"127.0.0.1:{grpc}", "--protocol", "grpc"])
             after = ready_models(grpc)
             extra_models = sorted(set(after) - set(before))
             left_loaded += len(extra_models)
             print(f"{name} {remote.label}: {remote.choice()} ({remote.error or f'tune {remote.tune_seconds:.1f} s'}; "
-                  f"wall {remote.wall_seconds:.1f} s; left loaded: {', '.join(extra_models) or 'none'})", flush=True)
+                  f"wall {remote.wall_seconds:.1f} s; {cost_text(remote)}; left loaded: {', '.join(extra_models) or 'none'})", flush=True)
     finally:
         stop_serve(proc)
     ratios = []
@@ -117,8 +130,16 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
             ratios.append((0.0, None, None))
     low, lo, hi = summary(ratios)
     agree = sum(same_choice(remote, local) for local, remote in pairs)
+    costs = [(variant_cost(remote)[1], variant_cost(local)[1]) for local, remote in pairs]
+    cost_ratios = [u / c for u, c in costs if u and c]
+    cost = f"{statistics.median(cost_ratios):.2f}" if cost_ratios else "n/a"
     return (f"url_choice model={name} runs={args.runs} concurrency={args.concurrency} min_ratio={low:.3f} ratio_lo={number(lo)} "
-            f"ratio_hi={number(hi)} same_choice={agree}/{args.runs} left_loaded={left_loaded}")
+            f"ratio_hi={number(hi)} same_choice={agree}/{args.runs} left_loaded={left_loaded} variant_cost_ratio={cost}")
+
+
+def cost_text(run: Run) -> str:
+    count, median = variant_cost(run)
+    return f"{count} variants, median {median:.2f} s each after the start" if median is not None else f"{count} variants"
 
 
 def main() -> None:
