@@ -74,6 +74,11 @@ def test_merge_rejects_unknown_input_and_wrong_rank():
         merge_specs(inferred, ["image"], [parse_input_spec("image:float32:3x8x8")], {})
     merged = merge_specs(inferred, ["image"], [parse_input_spec("image:float32:3x4-16")], {})
     assert merged[0].axes[1] == Axis(4, 16)
+    # forward(*args): no argument names, the examples' names stand in, and an unknown --input is still refused
+    positional = [TensorSpec("input__0", DTYPES["float32"], (Axis(3, 3),))]
+    with pytest.raises(SignatureError, match="model's inputs are: input__0"):
+        merge_specs(positional, [], [parse_input_spec("x:float32:3")], {})
+    assert [t.name for t in merge_specs(positional, [], [], {})] == ["input__0"]
 
 
 def test_dtype_table_round_trips():

@@ -236,8 +236,12 @@ def merge_specs(
                 f"input {after!r} comes after forward() argument {skipped[0]!r}, which has no example and no --input spec; inputs are "
                 f"passed by position, so give {skipped[0]!r} too (--input {skipped[0]}:DTYPE:DIMS) or wrap the model so that forward() "
                 "takes only the inputs you serve.")
-    else:
+    else:  # forward(*args): the examples' names, else the user's
         names = [t.name for t in inferred or ()] or [s.name for s in specs]
+        unknown = [n for n in user if n not in names]
+        if unknown:
+            raise SignatureError(f"--input names {', '.join(map(repr, unknown))} but the model's inputs are: {', '.join(names)}; "
+                                 "use the forward() argument names.")
     result = []
     for n in names:
         if n in user:
