@@ -102,6 +102,35 @@ def test_inductor_cache_goes_to_the_run_unless_the_user_chose_one(tmp_path, monk
     assert inductor_cache_dir(workdir)[1] == "run"
 
 
+LOAD_PACKAGE = """import sys, numpy as np, torch, torch._inductor
+runner = torch._inductor.aoti_load_package(sys.argv[1])
+outs = runner(torch.from_numpy(np.load(sys.argv[2])))
+np.savez(sys.argv[3], *[o.numpy() for o in (outs if isinstance(outs, (list, tuple)) else [outs])])
+"""
+
+
+@pytest.mark.slow
+def test_a_torch_aoti_package_loads_where_the_models_output_type_is_unknown(tmp_path):
+    """Hugging Face models return a ModelOutput, a type transformers registers with torch's pytree. A package exported with
+    it in its output spec cannot be loaded where transformers is not imported (the measuring process, Triton): every such
+    torch-aoti candidate failed to measure. A fresh process that never imports the model's module loads this one."""
+    import subprocess
+    import sys
+
+    model = load_model("tests.fixtures.models:returns_pair_output")
+    sig = resolve_signature(model)
+    assert sig.output_names == ["output__0", "output__1"]
+    art = backend_named("torch-aoti").build(model, sig, tmp_path / "aoti", (1, 4), "cpu")
+    feed = generate_feed(sig, ShapePoint(3, "max"), seed=0)
+    np.save(tmp_path / "x.npy", feed["x"])
+    r = subprocess.run([sys.executable, "-c", LOAD_PACKAGE, str(art.path), str(tmp_path / "x.npy"), str(tmp_path / "outs.npz")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = np.load(tmp_path / "outs.npz")
+    for i, want in enumerate(run_reference(model, sig.input_names, feed)):
+        np.testing.assert_allclose(got[f"arr_{i}"], want, rtol=1e-5, atol=1e-6)
+
+
 OV_CONFIG = """
 name: "m"
 backend: "openvino"

@@ -131,6 +131,8 @@ class Backend:
     """--precision values each device kind builds; anything else is refused in availability(), never run as fp32."""
     computes_bf16_by_default: ClassVar[bool] = False
     """Computes in bf16 on a bf16 CPU even when asked for nothing (OpenVINO): its fp32 candidate there is bf16 in disguise."""
+    build_format: ClassVar[int] = 1
+    """Bumped when a build changes what it writes for the same model and settings, so cached builds of the old kind are not reused."""
 
     def __init__(self, **settings: Any) -> None:
         known = {"precision": "fp32", **self.default_settings}  # every backend takes the run's precision
@@ -216,5 +218,6 @@ class Backend:
         built_with = {k: v for k, v in self.settings.items() if k != "cache_dir"}  # where caches go changes no artifact
         if built_with.get("calibration"):  # what INT8 is calibrated on changes the artifact; where the file lies does not
             built_with["calibration"] = hashlib.sha256(Path(built_with["calibration"]).read_bytes()).hexdigest()
-        blob = json.dumps({"name": self.name, "settings": built_with, "versions": self.versions()}, sort_keys=True, default=str)
+        blob = json.dumps({"name": self.name, "settings": built_with, "versions": self.versions(),
+                           **({"build_format": self.build_format} if self.build_format != 1 else {})}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from optimizer.backend.base import Availability, Backend, Runner
-from optimizer.backend.torch_export import dynamic_shapes_for, example_args
+from optimizer.backend.torch_export import args_dynamic_shapes, example_args, flat_outputs_module
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError, first_line
 from optimizer.machine import cpu_cores
@@ -90,6 +90,9 @@ def inductor_cache(directory: Path) -> Iterator[None]:
 class TorchAOTIBackend(Backend):
     """torch.export (dynamic batch and axes) + torch._inductor.aoti_compile_and_package -> model.pt2."""
 
+    build_format = 2
+    """2: the package returns its outputs flattened (it once kept a ModelOutput type only transformers can load)."""
+
     name = "torch-aoti"
     typical_build_s = 30.0
     triton_platform = "torch_aoti"
@@ -128,11 +131,11 @@ class TorchAOTIBackend(Backend):
         if Device.of(device).kind == "cuda":
             module = module.to(str(device))
         args = example_args(signature, device)
-        dynamic = dynamic_shapes_for(signature, max(batch_range[1], BATCH_DIM_FLOOR))
+        dynamic = args_dynamic_shapes(signature, max(batch_range[1], BATCH_DIM_FLOOR))
         t0 = time.perf_counter()
         try:
             with torch.no_grad():
-                program = torch.export.export(module, args, dynamic_shapes=dynamic)
+                program = torch.export.export(flat_outputs_module(module), args, dynamic_shapes=dynamic)
         except Exception as err:
             raise BackendError(f"torch.export failed: {first_line(err)}") from err
         export_s = time.perf_counter() - t0
@@ -160,7 +163,7 @@ class TorchAOTIBackend(Backend):
                 "inductor_cache": str(cache),
                 "inductor_cache_from": chosen_by,
                 "compiler": compiler(),
-                "dynamic_axes": {name: {str(axis): str(dim) for axis, dim in axes.items()} for name, axes in dynamic.items()},
+                "dynamic_axes": {name: {str(axis): str(dim) for axis, dim in axes.items()} for name, axes in zip(signature.input_names, dynamic[0])},
                 **self.versions(),
             },
             batch_range=batch_range,

@@ -44,3 +44,33 @@ def example_args(signature: Signature, device: str = "cpu") -> tuple[Any, ...]:
     feed = generate_feed(signature, ShapePoint(EXAMPLE_BATCH if signature.batching else 0, "max"), seed=1)
     args = tuple(torch.from_numpy(feed[n]) for n in signature.input_names)
     return args if Device.of(device).kind == "cpu" else tuple(a.to(str(device)) for a in args)
+
+
+def flat_outputs_module(module: Any) -> Any:
+    """`module` behind a forward(*args) that returns its outputs flattened (one tensor, or a tuple in return order).
+
+    A program exported from the module itself keeps the output's Python type in its spec: a Hugging Face ModelOutput
+    then cannot be loaded where transformers is not imported (the measuring process, Triton), with "Deserializing
+    ...ModelOutput... in pytree is not registered". Flattened, the package needs nothing but torch, and its outputs
+    are in the order every other backend names them. Export it with `args_dynamic_shapes`.
+    """
+    import torch
+
+    from optimizer.model.reference import flatten_outputs
+
+    class FlatOutputs(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: torch.Tensor) -> Any:
+            outs = flatten_outputs(self.inner(*args))
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return FlatOutputs(module).eval()
+
+
+def args_dynamic_shapes(signature: Signature, batch_max: int) -> tuple[tuple[dict[int, Any], ...]]:
+    """dynamic_shapes for a forward(*args) wrapper: torch.export sees its inputs as one argument, a tuple in forward() order."""
+    shapes = dynamic_shapes_for(signature, batch_max)
+    return (tuple(shapes[n] for n in signature.input_names),)

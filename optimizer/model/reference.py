@@ -29,11 +29,18 @@ log = logging.getLogger(__name__)
 
 
 def flatten_outputs(value: Any) -> list[Any]:
-    """A model's return value as a flat list of tensors (tensor, tuple/list, dict or a ModelOutput)."""
+    """A model's return value as a flat list of tensors (tensor, tuple/list, dict, a ModelOutput, or any type registered
+    with torch's pytree, as torch.export flattens it)."""
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in flatten_outputs(v)]
     if isinstance(value, dict):
         return [t for v in value.values() for t in flatten_outputs(v)]
+    from torch.utils import _pytree
+
+    node = _pytree.SUPPORTED_NODES.get(type(value))
+    if node is not None:
+        children, _ = node.flatten_fn(value)
+        return [t for v in children for t in flatten_outputs(v)]
     return [value]
 
 
