@@ -130,6 +130,9 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+_PR_SET_PDEATHSIG = 1
+
+
 def parent_death_signal(sig: signal.Signals) -> Callable[[], None] | None:
     """A `preexec_fn` (Linux) that has the kernel send `sig` to the child when the thread that started it dies,
     so a killed run leaves no orphaned servers or exports behind; None elsewhere.
@@ -148,9 +151,6 @@ def parent_death_signal(sig: signal.Signals) -> Callable[[], None] | None:
         return None
     value = int(sig)
     return lambda: prctl(_PR_SET_PDEATHSIG, value)
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:

@@ -52,6 +52,7 @@ SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
 """Triton's python backend names its regions <prefix><n>; ours start with this plus a per-server token."""
 
+
 class ToolMissing(ValidationError):
     """tritonserver or perf_analyzer is not installed where the project expects it."""
 
