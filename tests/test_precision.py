@@ -120,6 +120,28 @@ def test_the_precision_wrapper_keeps_a_float32_interface_and_the_original_module
     assert 0 < float((out - ref).abs().max()) < 1e-2, "it really computes in fp16, and stays close"
 
 
+def test_the_precision_wrapper_returns_each_output_in_the_signatures_dtype():
+    """A float64 model's bf16 candidate must still return float64: its config declares TYPE_FP64, and Triton refuses an
+    output whose dtype differs from the config's. Integer outputs pass untouched."""
+    import torch
+
+    class Float64Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3).double()
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = self.lin(x)
+            return y, y.argmax(-1)
+
+    wrapped = reduced_precision_module(Float64Model(), "bf16", ["float64", "int64"])
+    x = torch.randn(2, 4, dtype=torch.float64)
+    with torch.inference_mode():
+        y, label = wrapped(x)
+    assert y.dtype == torch.float64 and label.dtype == torch.int64
+    assert reduced_precision_module(Float64Model(), "bf16")(x)[0].dtype == torch.float32  # no signature: float32, as before
+
+
 def test_an_onnx_source_cannot_be_converted(tmp_path):
     from optimizer.backend.onnx_export import export_onnx
     from optimizer.model.source import load_model

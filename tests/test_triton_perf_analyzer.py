@@ -86,6 +86,14 @@ def test_input_data_holds_each_sample_row_exactly(tmp_path: Path):
     assert not list(tmp_path.glob(".*"))  # the atomic write left no temporary file
 
 
+def test_a_per_sample_scalar_input_is_written_as_one_element(tmp_path: Path):
+    """Its config declares dims [1] (reshape { shape: [] }), and perf_analyzer sends each entry in that shape."""
+    feeds = [{"x": np.ones((2, 6), np.float64), "idx": np.array([4, 5], dtype=np.int32)}]
+    data = json.loads(write_input_data(tmp_path / "in.json", feeds, batching=True).read_text())["data"]
+    assert [d["idx"]["shape"] for d in data] == [[1], [1]] and data[1]["x"]["shape"] == [6]
+    assert np.frombuffer(base64.b64decode(data[1]["idx"]["content"]["b64"]), dtype="<i4").tolist() == [5]
+
+
 def test_input_data_for_a_model_without_batching_keeps_full_shapes(tmp_path: Path):
     feeds = [{"x": np.ones((2, 7), np.float32)}] * 50
     data = json.loads(write_input_data(tmp_path / "in.json", feeds, batching=False, max_entries=5).read_text())["data"]

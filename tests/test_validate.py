@@ -284,3 +284,17 @@ def test_a_reshaped_output_is_compared_in_the_shape_clients_receive():
     assert as_served(ref, {**spec, "reshape": {"shape": []}}, batching=True).tolist() == [[0.0], [1.0], [2.0]]
     assert as_served(ref, {k: v for k, v in spec.items() if k != "reshape"}, batching=True).shape == (3,)  # no reshape: as is
     assert as_served(ref, {**spec, "dims": ["2"]}, batching=True).shape == (3,)  # 3 values cannot be [3, 2]: left for the check
+
+
+def test_a_reshaped_input_is_sent_in_the_configs_dims():
+    """A per-sample scalar input (`dims: [1] reshape { shape: [] }`) goes out as [batch, 1]: sent as the model's own
+    [batch], Triton refused it ("unexpected shape for input 'idx' ... Expected [-1,1], got [1]")."""
+    import numpy as np
+
+    from optimizer.triton.validation.client import as_sent
+
+    idx = np.array([1, 2, 3], dtype=np.int32)
+    spec = {"name": "idx", "data_type": "TYPE_INT32", "dims": ["1"], "reshape": {}}
+    assert as_sent(idx, spec, batching=True).shape == (3, 1)
+    assert as_sent(idx, {k: v for k, v in spec.items() if k != "reshape"}, batching=True).shape == (3,)
+    assert as_sent(np.ones((2, 4)), {**spec, "dims": ["-1"], "reshape": {"shape": ["4"]}}, batching=True).shape == (2, 4)

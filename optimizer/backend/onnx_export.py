@@ -47,7 +47,7 @@ def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max:
 
     from optimizer.backend.precision import reduced_precision_module
 
-    module = reduced_precision_module(model.inner_module, precision)
+    module = reduced_precision_module(model.inner_module, precision, [t.dtype.torch_name for t in signature.outputs])
     args = example_args(signature)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters()) if hasattr(module, "parameters") else 0
     external = param_bytes > EXTERNAL_DATA_BYTES

@@ -119,13 +119,14 @@ def refusal(backend: str, device_kind: str, precision: str, supported: frozenset
             f"that builds it (aitune-export backends --device {device_kind} --precision {precision}).")
 
 
-def reduced_precision_module(module: Any, precision: str) -> Any:
-    """A copy of `module` that computes in `precision` and still takes and returns float32 tensors.
+def reduced_precision_module(module: Any, precision: str, output_dtypes: Sequence[str] | None = None) -> Any:
+    """A copy of `module` that computes in `precision` and still takes and returns the model's own dtypes.
 
-    Floating-point inputs are cast to the reduced dtype on the way in and floating-point outputs back
-    to float32 on the way out; integer inputs (token ids) pass untouched. The outputs come back
-    flattened (one tensor, or a tuple in return order), which is how every exporter names them anyway.
-    The original module is not modified. `precision` "fp32" returns `module` itself.
+    Floating-point inputs are cast to the reduced dtype on the way in and floating-point outputs back on the way
+    out: to `output_dtypes` (torch names, one per flattened output: the signature's, so a float64 model still
+    returns the TYPE_FP64 its config declares), else to float32. Integer inputs (token ids) pass untouched. The
+    outputs come back flattened (one tensor, or a tuple in return order), which is how every exporter names them
+    anyway. The original module is not modified. `precision` "fp32" returns `module` itself.
     """
     if precision == "fp32":
         return module
@@ -138,6 +139,7 @@ def reduced_precision_module(module: Any, precision: str) -> Any:
     from optimizer.model.reference import flatten_outputs
 
     dtype = getattr(torch, TORCH_DTYPE_NAME[precision])
+    back = [getattr(torch, name) for name in output_dtypes or ()]
 
     class ReducedPrecision(torch.nn.Module):
         """Runs the wrapped module in a reduced dtype behind a float32 interface."""
@@ -148,7 +150,8 @@ def reduced_precision_module(module: Any, precision: str) -> Any:
 
         def forward(self, *args: torch.Tensor) -> Any:
             cast = [a.to(dtype) if a.is_floating_point() else a for a in args]
-            outs = [o.float() if o.is_floating_point() else o for o in flatten_outputs(self.inner(*cast))]
+            outs = [o.to(back[i] if i < len(back) else torch.float32) if o.is_floating_point() else o
+                    for i, o in enumerate(flatten_outputs(self.inner(*cast)))]
             return outs[0] if len(outs) == 1 else tuple(outs)
 
     return ReducedPrecision(copy.deepcopy(module).to(dtype)).eval()

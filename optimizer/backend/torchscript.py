@@ -53,7 +53,7 @@ class TorchScriptBackend(Backend):
             )
         workdir.mkdir(parents=True, exist_ok=True)
         precision = self.settings["precision"]
-        module = reduced_precision_module(model.inner_module, precision)
+        module = reduced_precision_module(model.inner_module, precision, [t.dtype.torch_name for t in signature.outputs])
         if isinstance(module, torch.jit.ScriptModule):
             scripted = module
         else:

@@ -35,6 +35,8 @@ def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batchin
             entry = {}
             for name, arr in feed.items():
                 one = arr[i] if batching else arr
+                if batching and one.ndim == 0:  # a per-sample scalar: its config says dims [1] (reshape { shape: [] })
+                    one = one.reshape(1)
                 one = np.ascontiguousarray(one, dtype=one.dtype.newbyteorder("<"))
                 entry[name] = {"content": {"b64": base64.b64encode(one.tobytes()).decode("ascii")}, "shape": list(one.shape)}
             entries.append(entry)

@@ -192,7 +192,9 @@ def request_mix(result: TuneResult, workdir: Path, public_names: bool = False) -
     shapes = ", ".join(f"{k} {'x'.join(map(str, v.shape[1:] if sig.batching else v.shape)) or 'scalar'}" for k, v in feeds[0].items())
     path = write_input_data(workdir / "perf_analyzer_input.json", feeds, sig.batching)
     if sig.batching:
-        rows = [{k: v[i:i + 1] for k, v in feed.items()} for feed in feeds for i in range(next(iter(feed.values())).shape[0])]
+        # a per-sample scalar ([batch] here) is sent as [1, 1]: its config says dims [1] with an empty reshape
+        rows = [{k: v[i:i + 1].reshape(1, 1) if v.ndim == 1 else v[i:i + 1] for k, v in feed.items()}
+                for feed in feeds for i in range(next(iter(feed.values())).shape[0])]
     else:
         rows = list(feeds)
     return path, f"the profiled sample ({shapes}), as in-process profiling and validate send it", rows[:32]

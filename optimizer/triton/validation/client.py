@@ -36,6 +36,18 @@ def _is_http(client: Any) -> bool:
     return type(client).__module__.startswith("tritonclient.http")
 
 
+def as_sent(arr: np.ndarray, spec: dict[str, Any], batching: bool) -> np.ndarray:
+    """A sample in the shape the config declares: an input with `reshape` (a per-sample scalar is `dims: [1] reshape
+    { shape: [] }`) is sent in the config's dims, and Triton reshapes it back for the model."""
+    if "reshape" not in spec:
+        return arr
+    dims = [int(d) for d in spec.get("dims", [])]
+    shape = ([arr.shape[0]] if batching and arr.ndim else []) + dims
+    if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != arr.size:
+        return arr  # dynamic dims or another element count: sent as it is, and Triton says what it expected
+    return arr.reshape(shape)
+
+
 def infer(client: Any, name: str, served: dict[str, Any], feed: Feed) -> list[np.ndarray]:
     """One request; outputs in the config's order. Raises tritonclient's InferenceServerException."""
     if _is_http(client):
@@ -44,7 +56,7 @@ def infer(client: Any, name: str, served: dict[str, Any], feed: Feed) -> list[np
         import tritonclient.grpc as tc  # type: ignore[no-redef]
     inputs = []
     for spec in served.get("input", []):
-        arr = np.ascontiguousarray(feed[spec["name"]])
+        arr = np.ascontiguousarray(as_sent(feed[spec["name"]], spec, max_batch(served) > 0))
         item = tc.InferInput(spec["name"], list(arr.shape), dtype_from_name(spec["data_type"]).triton_wire)
         item.set_data_from_numpy(arr)
         inputs.append(item)
