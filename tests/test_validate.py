@@ -79,6 +79,8 @@ def test_export_validate_proves_the_onnxruntime_model_in_triton(ort_export, work
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # beside another worker's export, Triton 2.51's python backend declared this model's stub "not healthy"
+# while perf_analyzer waited for concurrency 1 to settle, then crashed (SIGSEGV, boost lock_exception): CI failed on it
 def test_validate_the_torchscript_repository_over_grpc(ts_export: Path, work: Path):
     r = run_cli("validate", str(ts_export), "--protocol", "grpc", "--concurrency", "1", "--json", cwd=work)
     assert r.returncode == 0, r.stderr
