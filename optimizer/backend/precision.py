@@ -142,7 +142,7 @@ def reduced_precision_module(module: Any, precision: str, output_dtypes: Sequenc
     back = [getattr(torch, name) for name in output_dtypes or ()]
 
     class ReducedPrecision(torch.nn.Module):
-        """Runs the wrapped module in a reduced dtype behind a float32 interface."""
+        """Runs the wrapped module in a reduced dtype behind the model's own input and output dtypes."""
 
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
