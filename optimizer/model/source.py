@@ -375,6 +375,14 @@ def _load_pickled(source: ModelSource) -> LoadedModel:
     return _from_result(source, payload["module"], payload["example_inputs"], type(payload["module"]).__name__.lower())
 
 
+def _forward_parameters(module: Any) -> list[inspect.Parameter]:
+    """forward()'s parameters as Python declares them; [] when it has no readable signature."""
+    try:
+        return list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
 def forward_optional_names(module: Any) -> list[str]:
     """forward()'s positional arguments that have defaults, in order, after the required ones (Hugging Face models take
     every input this way: `forward(self, input_ids=None, attention_mask=None, ...)`). An input the user gives among
@@ -383,10 +391,7 @@ def forward_optional_names(module: Any) -> list[str]:
 
     if isinstance(module, torch.jit.ScriptModule):
         return []
-    try:
-        params = inspect.signature(module.forward).parameters.values()
-    except (TypeError, ValueError):
-        return []
+    params = _forward_parameters(module)
     names = []
     for p in params:
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
@@ -402,10 +407,7 @@ def forward_argument_names(module: Any) -> list[str]:
 
     if isinstance(module, torch.jit.ScriptModule):
         return [a.name for a in module.forward.schema.arguments[1:]]
-    try:
-        params = inspect.signature(module.forward).parameters.values()
-    except (TypeError, ValueError):
-        return []
+    params = _forward_parameters(module)
     names = []
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
