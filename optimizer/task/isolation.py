@@ -1,12 +1,18 @@
-"""Run one task in its own spawned process: a crash, hang or memory blow-up there is a result, not our death.
+"""Run one task in its own process: a crash, hang or memory blow-up there is a result, not our death.
 
 The child starts a new session (so compilers it spawns die with it), sends its stdout and stderr
 (including C-level output) to a log file, and writes its result as JSON. The parent waits with a
 timeout; on timeout, Ctrl-C or SIGTERM it kills the child's whole process group.
+
+Children are forked from a fork server that has imported torch once (POSIX), not spawned: a spawned
+child spent about 2 s of CPU importing torch, and an export runs one or two children per candidate.
+The server has run no torch code, so no thread pool exists yet to break in the fork; each child
+takes the caller's environment and working directory of the moment, as a spawned one would.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -26,6 +32,19 @@ log = logging.getLogger(__name__)
 
 _LIVE_GROUPS: set[int] = set()
 """Process groups of children still running, so an interrupt handler can stop them all."""
+FORK_SERVER_PRELOAD = ("torch",)
+"""What the fork server imports once for every child (numpy comes with it); not Inductor, which sizes its
+compile pool from the cores at import time, before a child is pinned to its own."""
+
+
+@functools.cache
+def _child_context() -> multiprocessing.context.BaseContext:
+    """Fork server where the platform has one (Linux, macOS), else spawn."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
+        return ctx
+    return multiprocessing.get_context("spawn")
 
 
 @dataclass
@@ -69,19 +88,19 @@ def run_isolated(
     poll: Callable[[float], str | None] | None = None,
     cores: list[int] | None = None,
 ) -> ChildOutcome:
-    """Call `module:function(payload)` in a spawned child; the function returns a JSON-serializable value.
+    """Call `module:function(payload)` in a child process; the function returns a JSON-serializable value.
 
     `poll(elapsed_s)` is called about four times a second while the child runs; a string it returns
     stops the child, with that string as the reason (per-stage timeouts use this). `cores`: the child runs on
-    these CPU cores only (task/core_share.py), set before it imports anything heavy.
+    these CPU cores only (task/core_share.py), set before it runs anything heavy.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, result_path, log_path = workdir / f"{label}.job.json", workdir / f"{label}.result.json", workdir / f"{label}.log"
     for p in (result_path, log_path):
         p.unlink(missing_ok=True)
     job_path.write_text(json.dumps(payload))
-    ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=_child_entry, args=(target, str(job_path), str(result_path), str(log_path), cores), name=label, daemon=False)
+    proc = _child_context().Process(target=_child_entry, name=label, daemon=False,
+                                    args=(target, str(job_path), str(result_path), str(log_path), cores, dict(os.environ), os.getcwd()))
     t0 = time.monotonic()
     proc.start()
     _LIVE_GROUPS.add(proc.pid)  # the child calls setsid() first thing: its pgid is its pid
@@ -154,7 +173,8 @@ def parent_death_signal(sig: signal.Signals) -> Callable[[], None] | None:
 
 
 def _die_with_parent() -> None:
-    """In a spawned child (single-threaded, so the lookup is safe): SIGKILL when the parent dies."""
+    """In a child (single-threaded, so the lookup is safe): SIGKILL when its parent (the caller or the fork
+    server, which exits with the caller) dies."""
     set_signal = parent_death_signal(signal.SIGKILL)
     if set_signal is not None:
         set_signal()
@@ -162,10 +182,18 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _child_entry(target: str, job_path: str, result_path: str, log_path: str, cores: list[int] | None = None) -> None:
+def _child_entry(target: str, job_path: str, result_path: str, log_path: str, cores: list[int] | None = None,
+                 environ: dict[str, str] | None = None, cwd: str | None = None) -> None:
     os.setsid()
     _die_with_parent()
+    if environ is not None:  # the fork server's own are those of the moment it started
+        os.environ.clear()
+        os.environ.update(environ)
+    if cwd is not None:
+        os.chdir(cwd)
     pin_to(cores)
+    if cores and "torch" in sys.modules:  # the fork server imported it before the pin: its pool must fit the pin
+        sys.modules["torch"].set_num_threads(len(cores))
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
