@@ -13,6 +13,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 CLI = [sys.executable, "-m", "optimizer.cli"]
+# One Inductor cache for every torch-aoti compile of the session, both workers included (Inductor writes it atomically):
+# the bundled models are compiled by several tests, and a warm cache halves the 15-30 s compile. A test that needs a
+# compile to really happen gives its own folder.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".pytest_cache" / "inductor"))
+
+
+LONGEST_FILES_FIRST = ("test_export.py", "test_cpu_backends.py", "test_served_search.py", "test_precision_cpu.py",
+                       "test_reliability.py", "test_bad_input.py", "test_validate.py", "test_remote_search.py",
+                       "test_object_store.py", "test_docker.py", "test_cli.py")
+"""Test files by the worker-seconds they took (most first; a fresh-clone run, 2026-12-03). `make test` hands whole files to
+its workers in collection order (--dist loadfile --no-loadscope-reorder): with the longest first the workers finish
+together. xdist's own order, most tests first, collected these last and left one worker idle for minutes at the end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
 
 
 def ctrl_c_reaches_it() -> None:
