@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import run_cli, tree_snapshot
@@ -204,6 +205,51 @@ instance_group {{ count: 1 kind: KIND_CPU }}
     assert record["predicted_throughput"] is None and record["throughput_ratio"] is None
     data = json.loads((tmp_path / "aitune-reports" / "double" / "perf_analyzer_input.json").read_text())["data"]  # beside the repository
     assert data[0]["x"]["shape"] == [1, 3]
+
+
+@pytest.mark.slow
+def test_a_string_model_like_tritons_own_is_served_answered_and_measured(tmp_path: Path):
+    """A TYPE_STRING model (Triton's simple_identity, here in ONNX): the onnxruntime stand-in once refused to load it
+    ("model provides tensor(string)"), and validate could not build its request ("unknown dtype 'TYPE_STRING'")."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity",
+                              [helper.make_tensor_value_info("INPUT0", TensorProto.STRING, ["batch", "n"])],
+                              [helper.make_tensor_value_info("OUTPUT0", TensorProto.STRING, ["batch", "n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (tmp_path / "repo" / "simple_identity" / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / "repo" / "simple_identity" / "1" / "model.onnx"))
+    (tmp_path / "repo" / "simple_identity" / "config.pbtxt").write_text(
+        'name: "simple_identity"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]\n')
+    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1:2", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["status"] == "passed" and all(a["passed"] for a in record["answers"])
+    assert record["oversize"]["refused"] and "must be <= 8" in record["oversize"]["message"]
+    assert [row["concurrency"] for row in record["perf"]["rows"]] == [1, 2]
+    data = json.loads((tmp_path / "aitune-reports" / "simple_identity" / "perf_analyzer_input.json").read_text())["data"]
+    assert data[0]["INPUT0"] == {"content": ["aitune"], "shape": [1]}  # BYTES go to perf_analyzer as strings
+
+
+def test_the_onnxruntime_stand_in_hands_text_to_onnxruntime_and_bytes_back():
+    """Triton gives a TYPE_STRING input as bytes; ONNX Runtime would store bytes as their repr ("b'ab'")."""
+    import importlib.util
+    import sys
+    import types
+
+    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    path = Path(__file__).parents[1] / "optimizer" / "triton" / "standin_backends" / "onnxruntime" / "model.py"
+    spec = importlib.util.spec_from_file_location("ort_standin", path)
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    sent = np.array([[b"ab", "caf\u00e9".encode()]], dtype=object)
+    assert standin._text_in(sent).tolist() == [["ab", "caf\u00e9"]]
+    assert standin._text_out(np.array([["ab", "caf\u00e9"]], dtype=object)).tolist() == sent.tolist()
+    assert standin._text_in(np.ones(2, np.float32)).dtype == np.float32
 
 
 def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

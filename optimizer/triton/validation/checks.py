@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import Feed, load_feeds, tile_feed
 from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.correctness import CorrectnessCase
@@ -16,7 +15,7 @@ from optimizer.task.accuracy_gate import judge, load_check, run_check, server_or
 from optimizer.task.correctness import compare_outputs
 from optimizer.triton.perf_analyzer import PerfSettings
 from optimizer.triton.server import triton_message
-from optimizer.triton.validation.client import infer, infer_batched, max_batch
+from optimizer.triton.validation.client import infer, infer_batched, max_batch, wire_dtype
 from optimizer.triton.validation.expectation import ExportReference
 from optimizer.triton.validation.record import AnswerCheck
 
@@ -52,8 +51,11 @@ def reference_feeds(reference: ExportReference | None, served: dict[str, Any]) -
     for spec in served.get("input", []):
         dims = [1 if int(d) < 0 else int(d) for d in spec.get("dims", [])]
         shape = ([1] if batching else []) + dims
-        dt = dtype_from_name(spec["data_type"])
-        feed[spec["name"]] = rng.standard_normal(shape).astype(dt.numpy) if dt.is_float else np.zeros(shape, dt.numpy)
+        dt, _ = wire_dtype(spec["data_type"])
+        if dt == np.dtype(object):  # TYPE_STRING: short UTF-8 text, as a client would send
+            feed[spec["name"]] = np.full(shape, b"aitune", dtype=object)
+        else:
+            feed[spec["name"]] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt)
     return [feed], None, ["generated from config"]
 
 
@@ -67,7 +69,7 @@ def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any],
 
     outputs = served.get("output", [])
     names = [o["name"] for o in outputs]
-    dtypes = [dtype_from_name(o["data_type"]).name for o in outputs]
+    dtypes = [wire_dtype(o["data_type"])[0].name for o in outputs]
     check = AnswerCheck(protocol, True, compared_with="reference" if expected is not None else "none")
     gated = accuracy is not None and expected is not None
     order = server_order([sum(int(a.size) for a in f.values()) for f in feeds]) if gated else list(range(len(feeds)))

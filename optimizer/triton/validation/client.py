@@ -36,6 +36,19 @@ def _is_http(client: Any) -> bool:
     return type(client).__module__.startswith("tritonclient.http")
 
 
+_TRITON_ONLY = {"TYPE_STRING": (np.dtype(object), "BYTES"), "TYPE_UINT16": (np.dtype(np.uint16), "UINT16"),
+                "TYPE_UINT32": (np.dtype(np.uint32), "UINT32"), "TYPE_UINT64": (np.dtype(np.uint64), "UINT64")}
+"""Config types a served model may use that no model exported here has (so the project's dtype table leaves them out)."""
+
+
+def wire_dtype(data_type: str) -> tuple[np.dtype, str]:
+    """A config data_type's numpy dtype and its HTTP/gRPC datatype: TYPE_STRING travels as BYTES, numpy objects holding bytes."""
+    if data_type in _TRITON_ONLY:
+        return _TRITON_ONLY[data_type]
+    dt = dtype_from_name(data_type)
+    return dt.numpy, dt.triton_wire
+
+
 def as_sent(arr: np.ndarray, spec: dict[str, Any], batching: bool) -> np.ndarray:
     """A sample in the shape the config declares: an input with `reshape` (a per-sample scalar is `dims: [1] reshape
     { shape: [] }`) is sent in the config's dims, and Triton reshapes it back for the model."""
@@ -57,7 +70,7 @@ def infer(client: Any, name: str, served: dict[str, Any], feed: Feed) -> list[np
     inputs = []
     for spec in served.get("input", []):
         arr = np.ascontiguousarray(as_sent(feed[spec["name"]], spec, max_batch(served) > 0))
-        item = tc.InferInput(spec["name"], list(arr.shape), dtype_from_name(spec["data_type"]).triton_wire)
+        item = tc.InferInput(spec["name"], list(arr.shape), wire_dtype(spec["data_type"])[1])
         item.set_data_from_numpy(arr)
         inputs.append(item)
     names = [o["name"] for o in served.get("output", [])]

@@ -19,7 +19,9 @@ import triton_python_backend_utils as pb_utils
 MODEL_FILENAME = "model.onnx"  # the python backend reports default_model_filename as model.py: never read it
 _ORT_TO_TRITON = {"tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64", "tensor(float16)": "TYPE_FP16",
                   "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32", "tensor(int16)": "TYPE_INT16",
-                  "tensor(int8)": "TYPE_INT8", "tensor(uint8)": "TYPE_UINT8", "tensor(bool)": "TYPE_BOOL"}
+                  "tensor(int8)": "TYPE_INT8", "tensor(uint8)": "TYPE_UINT8", "tensor(uint16)": "TYPE_UINT16",
+                  "tensor(uint32)": "TYPE_UINT32", "tensor(uint64)": "TYPE_UINT64", "tensor(bool)": "TYPE_BOOL",
+                  "tensor(string)": "TYPE_STRING"}
 # Triton's onnxruntime backend: optimization.graph.level unset/0 = all, -1 = basic, 1 = extended, 2 = none
 _GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
 
@@ -93,18 +95,33 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        feeds = [{n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs} for r in requests]
+        feeds = [{n: _text_in(pb_utils.get_input_tensor_by_name(r, n).as_numpy()) for n in self.inputs} for r in requests]
         try:
             results = _run_batched(self._run, feeds, self.batching)
         except Exception as err:  # one bad batch fails its requests, not the model
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(f"onnxruntime stand-in: {err}")) for _ in requests]
         return [
-            pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(v).astype(dt, copy=False)) for (n, dt), v in zip(self.outputs, outs)])
+            pb_utils.InferenceResponse([pb_utils.Tensor(n, _text_out(np.ascontiguousarray(v).astype(dt, copy=False))) for (n, dt), v in zip(self.outputs, outs)])
             for outs in results
         ]
 
     def _run(self, feed):
         return self.session.run([n for n, _ in self.outputs], feed)
+
+
+def _text_in(array):
+    """A TYPE_STRING input arrives as an object array of bytes; ORT's string tensors take str (bytes would be stored as
+    their repr, "b'...'"), where the native backend hands ORT the bytes themselves: UTF-8 text passes unchanged."""
+    if array.dtype != np.object_:
+        return array
+    return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array) if array.size else array
+
+
+def _text_out(array):
+    """ORT answers a string tensor with str objects; Triton's BYTES are bytes."""
+    if array.dtype != np.object_ or not array.size:
+        return array
+    return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(array)
 
 
 def _check_io(model, cfg, model_tensors, kind, batching):
