@@ -235,6 +235,61 @@ def test_a_string_model_like_tritons_own_is_served_answered_and_measured(tmp_pat
     assert data[0]["INPUT0"] == {"content": ["aitune"], "shape": [1]}  # BYTES go to perf_analyzer as strings
 
 
+SEQUENCE_MODEL = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().reshape(-1)[0])
+            start = int(pb_utils.get_input_tensor_by_name(request, "START").as_numpy().reshape(-1)[0])
+            key = int(pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy().reshape(-1)[0])
+            self.sums[key] = (0 if start else self.sums.get(key, 0)) + value
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array([[self.sums[key]]], np.int32))]))
+        return responses
+"""
+
+
+@pytest.mark.slow
+def test_a_sequence_model_like_tritons_simple_sequence_is_validated(tmp_path: Path):
+    """Triton refuses a request to a sequence batcher without a correlation ID: validate once failed every such model."""
+    (tmp_path / "repo" / "accumulate" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "accumulate" / "1" / "model.py").write_text(SEQUENCE_MODEL)
+    (tmp_path / "repo" / "accumulate" / "config.pbtxt").write_text("""name: "accumulate"
+backend: "python"
+max_batch_size: 1
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+""")
+    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["status"] == "passed" and [a["passed"] for a in record["answers"]] == [True, True]
+    assert record["perf"]["rows"][0]["throughput"] > 0
+
+
+def test_each_answer_check_request_to_a_sequence_model_is_a_sequence_of_its_own():
+    from optimizer.triton.validation.client import one_request_sequence
+
+    assert one_request_sequence({"max_batch_size": 8}) == {}
+    first, second = one_request_sequence({"sequence_batching": {}}), one_request_sequence({"sequence_batching": {}})
+    assert first["sequence_start"] and first["sequence_end"] and first["sequence_id"] != second["sequence_id"] > 0
+    text = {"sequence_batching": {"control_input": [{"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_STRING"}]}]}}
+    assert isinstance(one_request_sequence(text)["sequence_id"], str)
+
+
 def test_the_onnxruntime_stand_in_hands_text_to_onnxruntime_and_bytes_back():
     """Triton gives a TYPE_STRING input as bytes; ONNX Runtime would store bytes as their repr ("b'ab'")."""
     import importlib.util

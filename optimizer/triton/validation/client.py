@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -61,6 +62,23 @@ def as_sent(arr: np.ndarray, spec: dict[str, Any], batching: bool) -> np.ndarray
     return arr.reshape(shape)
 
 
+_sequence_ids = itertools.count(1)
+
+
+def one_request_sequence(served: dict[str, Any]) -> dict[str, Any]:
+    """For a model with a sequence batcher (Triton refuses a request without a correlation ID): the request is a whole
+    sequence of its own, with a new ID (a string where the CORRID control says TYPE_STRING); else nothing."""
+    batcher = served.get("sequence_batching")
+    if batcher is None:
+        return {}
+    sequence_id: int | str = next(_sequence_ids)
+    for control_input in batcher.get("control_input", []):
+        for control in control_input.get("control", []):
+            if control.get("kind") == "CONTROL_SEQUENCE_CORRID" and control.get("data_type") == "TYPE_STRING":
+                sequence_id = f"aitune-{sequence_id}"
+    return {"sequence_id": sequence_id, "sequence_start": True, "sequence_end": True}
+
+
 def infer(client: Any, name: str, served: dict[str, Any], feed: Feed) -> list[np.ndarray]:
     """One request; outputs in the config's order. Raises tritonclient's InferenceServerException."""
     if _is_http(client):
@@ -74,7 +92,7 @@ def infer(client: Any, name: str, served: dict[str, Any], feed: Feed) -> list[np
         item.set_data_from_numpy(arr)
         inputs.append(item)
     names = [o["name"] for o in served.get("output", [])]
-    result = client.infer(name, inputs, outputs=[tc.InferRequestedOutput(n) for n in names])
+    result = client.infer(name, inputs, outputs=[tc.InferRequestedOutput(n) for n in names], **one_request_sequence(served))
     return [result.as_numpy(n) for n in names]
 
 

@@ -157,7 +157,8 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     bad = [a for a in record.answers if not a.passed]
     if bad:
         record.status = "failed"
-        record.reason = f"answers over {bad[0].protocol} differ from the reference: {bad[0].error}"
+        against = "the reference" if bad[0].compared_with == "reference" else "the config's shapes and dtypes"
+        record.reason = f"answers over {bad[0].protocol} do not match {against}: {bad[0].error}"
         return
     record.oversize = check_oversize(any_client, target.name, served, feeds[0])
     if record.oversize is not None and not record.oversize["refused"]:
