@@ -19,11 +19,10 @@ export: venv
 
 # The test suite (real exporters, a real tritonserver and perf_analyzer included), less the `long` tests.
 # Two parts: every test not marked `serial` in JOBS pytest-xdist workers (a test file stays in one worker, so its
-# module fixtures are built once; the longest files go first, tests/conftest.py), then the `serial` ones alone (they
-# need the machine quiet).
+# module fixtures are built once), then the `serial` ones alone (they need the machine quiet).
 JOBS ?= 2
 test: venv
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not long and not serial" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not long and not serial" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m "serial and not long" $(PYTEST_ARGS)
 
 # The long tests (marked `long`: Ray fleets, Model Analyzer, the s3 -> serve -> validate chain, a server dying mid-search), which `make test` and CI leave out.

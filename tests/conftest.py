@@ -19,19 +19,6 @@ CLI = [sys.executable, "-m", "optimizer.cli"]
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".pytest_cache" / "inductor"))
 
 
-LONGEST_FILES_FIRST = ("test_export.py", "test_cpu_backends.py", "test_served_search.py", "test_precision_cpu.py",
-                       "test_reliability.py", "test_bad_input.py", "test_validate.py", "test_remote_search.py",
-                       "test_object_store.py", "test_docker.py", "test_cli.py")
-"""Test files by the worker-seconds they took (most first; a fresh-clone run, 2026-12-03). `make test` hands whole files to
-its workers in collection order (--dist loadfile --no-loadscope-reorder): with the longest first the workers finish
-together. xdist's own order, most tests first, collected these last and left one worker idle for minutes at the end."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
-
-
 def ctrl_c_reaches_it() -> None:
     """preexec_fn for a child a test interrupts with SIGINT: a shell that runs a job in the background (`make test &`)
     ignores SIGINT in it, the child inherits that, and Python then never raises KeyboardInterrupt; a terminal's Ctrl-C does."""
