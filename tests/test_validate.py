@@ -280,6 +280,37 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
     assert record["perf"]["rows"][0]["throughput"] > 0
 
 
+DECOUPLED_MODEL = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            for i in range(3):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", (x + i).astype(np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+@pytest.mark.slow
+def test_a_decoupled_model_is_not_validated_and_the_reason_says_how_to_measure_it(tmp_path: Path):
+    """Triton answers a decoupled model over gRPC streaming only; validate once called that a wrong answer."""
+    (tmp_path / "repo" / "repeat" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "repeat" / "1" / "model.py").write_text(DECOUPLED_MODEL)
+    (tmp_path / "repo" / "repeat" / "config.pbtxt").write_text(
+        'name: "repeat"\nbackend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\noutput [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    record = json.loads(r.stdout)
+    assert record["status"] == "not validated" and record["loaded"] and record["perf"] is None
+    assert "decoupled" in record["reason"] and "--streaming" in record["reason"]
+
+
 def test_each_answer_check_request_to_a_sequence_model_is_a_sequence_of_its_own():
     from optimizer.triton.validation.client import one_request_sequence
 

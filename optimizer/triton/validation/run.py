@@ -149,6 +149,11 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     if len(steps) == 1:
         record.served_by = f"the ensemble {target.name!r} (the forward names) in front of {steps[0]!r}; {record.served_by}"
     stats_name = steps[0] if len(steps) == 1 else target.name  # the batches the server formed are the step model's
+    if (served.get("model_transaction_policy") or {}).get("decoupled"):
+        record.status, record.reason = "not validated", (
+            "the model is decoupled (model_transaction_policy { decoupled: true }): Triton answers it over gRPC streaming "
+            "only, which validate does not drive yet; measure it with perf_analyzer -i grpc --streaming")
+        return
     feeds, expected, points = reference_feeds(reference, served)
     for protocol, client in clients.items():
         record.answers.append(check_answers(client, protocol, target.name, served, feeds, expected, points,
