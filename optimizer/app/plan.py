@@ -25,7 +25,7 @@ from optimizer.task.accuracy_gate import load_check, parse_budget
 from optimizer.task.correctness import parse_tolerances
 from optimizer.task.release_gate import ReleaseGate, local_toolchain, onnx_model_versions
 from optimizer.triton.publish import PublishOptions, check_options, repository_argument
-from optimizer.triton.repository import check_model_name
+from optimizer.triton.repository import check_model_name, check_version
 from optimizer.tune_strategy import STRATEGIES, TuneStrategy
 from optimizer.tune_strategy.multi_backend_strategy import check_backend_names
 from optimizer.vocab import Device
@@ -160,6 +160,8 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         _check_gpu(plan.device)
     if settings.name is not None:
         check_model_name(settings.name)
+    check_version(settings.version)  # these two need no model: refused before it loads (seconds sooner)
+    settings.batch_cap()
     check_options(PublishOptions(plan.repository, settings.name or "model"))
     if settings.template_dir and not Path(settings.template_dir).is_dir():
         raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")

@@ -120,11 +120,16 @@ def check_target_free(repository: Path, name: str, version: int | None, overwrit
     check_free(name, str(repository), target.exists(), existing_versions(target), version, overwrite)
 
 
+def check_version(version: int | None) -> None:
+    """A version Triton will load: version directories are positive integers (it ignores 0)."""
+    if version is not None and version < 1:
+        raise PublishError(f"--version {version} must be >= 1 (Triton ignores version directories starting with 0).")
+
+
 def check_free(name: str, where: str, exists: bool, versions: list[int], version: int | None, overwrite: bool) -> None:
     """The no-clobber rule, wherever the repository is (a folder or object storage): an existing model changes only with
     --overwrite, or gains a --version it does not have yet."""
-    if version is not None and version < 1:
-        raise PublishError(f"--version {version} must be >= 1 (Triton ignores version directories starting with 0).")
+    check_version(version)
     if not exists or overwrite:
         return
     nxt = (max(versions) + 1) if versions else 1
