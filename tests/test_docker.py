@@ -3,11 +3,13 @@ and the server stage refuses a mismatched release pair. (No Docker engine here: 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,10 +19,18 @@ from tests.conftest import ROOT, run_cli
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 
-def _commands():
-    import dockerfile
+PARSE = """import json, sys, dockerfile
+print(json.dumps([c._asdict() for c in dockerfile.parse_file(sys.argv[1])]))
+"""
 
-    return dockerfile.parse_file(str(DOCKERFILE))
+
+@functools.cache
+def _commands() -> tuple[SimpleNamespace, ...]:
+    """The Dockerfile's instructions (cmd, value, original, json, ...), parsed by the `dockerfile` package in a child
+    process: the package is Go (cgo) and brings Go's runtime and signal handling into whichever process imports it. Twice
+    a pytest worker that had imported it died mid-suite ("node down: Not properly terminated"), the last time in this file."""
+    r = subprocess.run([sys.executable, "-c", PARSE, str(DOCKERFILE)], capture_output=True, text=True, timeout=120, check=True)
+    return tuple(SimpleNamespace(**c) for c in json.loads(r.stdout))
 
 
 def test_hadolint_passes():
