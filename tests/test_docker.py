@@ -27,8 +27,9 @@ print(json.dumps([c._asdict() for c in dockerfile.parse_file(sys.argv[1])]))
 @functools.cache
 def _commands() -> tuple[SimpleNamespace, ...]:
     """The Dockerfile's instructions (cmd, value, original, json, ...), parsed by the `dockerfile` package in a child
-    process: the package is Go (cgo) and brings Go's runtime and signal handling into whichever process imports it. Twice
-    a pytest worker that had imported it died mid-suite ("node down: Not properly terminated"), the last time in this file."""
+    process: the package is Go (cgo) and brings Go's runtime and signal handling into whichever process imports it. A
+    pytest worker died during this file's second parse ("node down: Not properly terminated"); a run the round before
+    lost one at the same point of the suite."""
     r = subprocess.run([sys.executable, "-c", PARSE, str(DOCKERFILE)], capture_output=True, text=True, timeout=120, check=True)
     return tuple(SimpleNamespace(**c) for c in json.loads(r.stdout))
 
