@@ -15,6 +15,7 @@ import pytest
 
 from optimizer.triton.model_config import parse
 from tests.conftest import CLI, ROOT, run_cli, tree_snapshot
+from tests.test_triton_server import processes_working_in
 
 pytestmark = pytest.mark.slow
 
@@ -65,21 +66,6 @@ def test_second_identical_export_reuses_the_cache_and_says_so(in_tmp: Path):
     assert _by_backend(_result(in_tmp, "seeded_mlp"))["onnxruntime"]["cached"] == ""
 
 
-def _processes_working_in(folder: Path) -> list[str]:
-    """Command lines of live processes (other than this one) whose working directory is `folder` or below it: a run's
-    candidates, its fork server and its served-search tritonserver all work in the folder the run was started in."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if Path(os.readlink(proc / "cwd")).is_relative_to(folder):
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200])
-        except OSError:  # gone, or a zombie: not running
-            continue
-    return found
-
-
 def _valid_model(model_dir: Path) -> bool:
     config = parse((model_dir / "config.pbtxt").read_text())
     return config.name == model_dir.name and (model_dir / "1" / "model.onnx").stat().st_size > 0
@@ -104,9 +90,9 @@ def test_killing_an_export_at_random_moments_never_damages_the_repository(in_tmp
         assert _valid_model(model_dir)
         assert not [p for p in (in_tmp / "model_repository").iterdir() if p.name != "mlp"]
     deadline = time.monotonic() + 10  # a fork server killed while it imports torch exits when the import ends
-    while _processes_working_in(in_tmp) and time.monotonic() < deadline:
+    while processes_working_in(in_tmp) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _processes_working_in(in_tmp), "no candidate, fork server or tritonserver may outlive a killed run"
+    assert not processes_working_in(in_tmp), "no candidate, fork server or tritonserver may outlive a killed run"
     servers = subprocess.run(["pgrep", "-f", f"tritonserver.*{in_tmp}"], capture_output=True, text=True).stdout.split()
     assert not servers, "no served-search tritonserver may outlive a killed run"
     assert subprocess.run(args, cwd=in_tmp, env=env, capture_output=True).returncode == 0

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -47,19 +48,34 @@ def write_double_model(repo: Path, name: str = "double", config: str = DOUBLE_CO
     return repo / name
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Pids whose command line contains `text` (a test's unique temporary path)."""
-    pids = []
+def _other_processes() -> Iterator[tuple[Path, str]]:
+    """Every live process but this one: its /proc folder and its command line."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            yield entry, (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if text in cmdline:
-            pids.append(int(entry.name))
-    return pids
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains `text` (a test's unique temporary path)."""
+    return [int(entry.name) for entry, cmdline in _other_processes() if text in cmdline]
+
+
+def processes_working_in(folder: Path) -> list[str]:
+    """Command lines of processes whose working directory is `folder` or below it: a run's candidates, its fork server
+    and its served-search tritonserver all work in the folder the run was started in."""
+    found = []
+    for entry, cmdline in _other_processes():
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:  # gone, or a zombie: not running
+            continue
+        if cwd.is_relative_to(folder):
+            found.append(cmdline[:200])
+    return found
 
 
 def regions_of(pid: int) -> list[Path]:
