@@ -38,8 +38,8 @@ def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batchin
                 if batching and one.ndim == 0:  # a per-sample scalar: its config says dims [1] (reshape { shape: [] })
                     one = one.reshape(1)
                 if one.dtype == np.dtype(object):  # BYTES (TYPE_STRING): perf_analyzer takes a list of strings
-                    text = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(one).ravel()]
-                    entry[name] = {"content": text, "shape": list(np.shape(one))}
+                    text = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in one.ravel()]
+                    entry[name] = {"content": text, "shape": list(one.shape)}
                     continue
                 one = np.ascontiguousarray(one, dtype=one.dtype.newbyteorder("<"))
                 entry[name] = {"content": {"b64": base64.b64encode(one.tobytes()).decode("ascii")}, "shape": list(one.shape)}

@@ -112,9 +112,9 @@ class TritonPythonModel:
 def _text_in(array):
     """A TYPE_STRING input arrives as an object array of bytes; ORT's string tensors take str (bytes would be stored as
     their repr, "b'...'"), where the native backend hands ORT the bytes themselves: UTF-8 text passes unchanged."""
-    if array.dtype != np.object_:
+    if array.dtype != np.object_ or not array.size:
         return array
-    return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array) if array.size else array
+    return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array)
 
 
 def _text_out(array):
