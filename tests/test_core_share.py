@@ -145,8 +145,13 @@ def test_an_export_beside_a_busy_core_measures_in_process_on_the_free_one_and_se
     assert search.status == "searched", search.reason
     assert search.beside_load and search.measured_on["others_busy"] >= 0.6
     cores = len(available_cores())
-    # the layouts of every core were measured beside the spinner (not one instance on the free core only)
-    assert {(v.point.instances, v.point.threads) for v in search.variants} >= {(1, cores), (2, cores // 2)}
+    # one layout for every core was measured beside the spinner (not one instance on the free core only), the rules' own:
+    # the load slows layouts unalike, so they are not compared there, and the report says so
+    start = search.start
+    assert start is not None and start.instances * start.threads == cores
+    assert {(v.point.instances, v.point.threads) for v in search.variants} == {(start.instances, start.threads)}
+    assert len({v.point.max_batch_size for v in search.variants}) > 1  # the batcher was still searched
+    assert search.held_layout
     chosen = search.chosen_variant
     assert chosen is not None and chosen.point == search.chosen  # published as measured
     text = (in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text()
@@ -154,4 +159,5 @@ def test_an_export_beside_a_busy_core_measures_in_process_on_the_free_one_and_se
     assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances)
     assert config.max_batch_size <= max(decision["largest_fit"], decision["measured_max"])  # the batches measured in-process bound it
     assert "on every core while other processes kept" in text  # the config says how it was measured
-    assert "ran on every core beside them" in (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()  # and the report
+    report_md = (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
+    assert "ran on every core beside them" in report_md and "Instance layouts were not compared" in report_md  # and the report

@@ -52,6 +52,18 @@ def test_cpu_layouts_never_use_more_threads_than_cores():
     assert layouts(space(cores=16, gpu=True)) == [(1, None), (2, None)]
 
 
+def test_beside_other_load_a_cpu_search_measures_only_the_starts_layout_and_still_searches_the_batcher():
+    start = OperatingPoint(8, (8,), 200, 1, 16)
+    held = SearchSpace.of(None, start, 16, gpu=False, concurrency=64, beside_load=True)
+    grid = coarse_grid(held)
+    assert {(p.instances, p.threads) for p in grid} == {(1, 16)}
+    assert len({p.max_batch_size for p in grid}) > 1
+    assert all((p.instances, p.threads) == (1, 16) for p in refinements(grid[0], held, set(grid)))
+    assert len(layouts(SearchSpace.of(None, start, 16, gpu=False, concurrency=64))) == 4  # a quiet machine compares them
+    gpu_start = OperatingPoint(8, (8,), 200, 1, None)
+    assert layouts(SearchSpace.of(None, gpu_start, 16, gpu=True, beside_load=True)) == [(1, None), (2, None)]  # busy CPU cores, not the GPU
+
+
 def test_the_coarse_pass_covers_layouts_by_the_peak_2x_4x_and_the_largest_fit_without_delay_or_preferred_sizes():
     grid = coarse_grid(space(concurrency=64))
     assert {(p.max_batch_size, p.instances) for p in grid} == {(b, n) for b in (8, 16, 32, 64) for n in (1, 2)}

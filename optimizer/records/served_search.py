@@ -164,6 +164,7 @@ class ServedSearch:
     per_request_ms: float | None = None  # the server's cost per request on top of the in-process time
     predicted_throughput: float | None = None  # what the published config served at `concurrency` in the search
     measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json() when others kept cores busy as it began (else None)
+    held_layout: str = ""  # beside other processes' load: why only the start's instance layout was measured ("" otherwise)
     waited_s: float | None = None  # --wait-for-cores: how long the search waited for the cores others used
     refused: bool = False  # the user's server (--url) refused to load the artifact: the export tries the next candidate
     cached_from: str = ""  # when the reused measurements were taken (UTC, ISO 8601); "" when they were taken in this run

@@ -93,6 +93,8 @@ def _story(search: dict[str, Any]) -> str:
         third += (f" Other processes kept {float(share['others_busy']):.1f} of {len(share['available'])} cores busy{waited}; the server "
                   f"ran on every core beside them, as it will be deployed, and every variant was measured beside that load: **{chosen}** is "
                   "published as measured; its throughputs are below what an idle machine gives, and a quiet export can choose otherwise.")
+        if search.get("held_layout"):
+            third += f" {search['held_layout'][0].upper()}{search['held_layout'][1:]}."
     return f"{first} {second}{third}"
 
 

@@ -36,6 +36,13 @@ FILL_DELAY_SHARE = 0.25
 """A fill delay is this share of a request's median latency at the lightest load: about the time a client's next request
 takes to come back round (client, network and the server's request handling), small beside the batch it fills."""
 FILL_DELAY_MAX_US = 5000
+HELD_LAYOUT = ("instance layouts were not compared: another process's load does not slow them alike (instances of several threads "
+               "lose more than single-thread ones), so the rules' layout for every core was kept and only the batcher was searched on it")
+"""Why a search beside other processes' load measures one layout. The bundled transformer's busy exports published 2
+instances x 1 thread in three of six runs (benchmarks/noisy_choice.py), which its quiet grid serves at 0.56-0.78x of 1 x 2
+threads. Beside the load, 2 x 1 at max 4 served 387-402/s at concurrency 4, near the idle machine's 451/s, while 1 x 2
+threads fell from 876/s to 558-733/s and one of its curves moved 2.6x between neighbouring loads: the load met the
+layouts unalike, and a comparison there is not one the idle machine would make."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +57,13 @@ class SearchSpace:
     concurrency: int = 0  # the target load: batch-1 requests can never form a batch above it (0: no target)
     rules_delay_us: int = 0
     batching: bool = True  # False: the model does not batch (max_batch_size 0): only the instance layout varies
+    layout: tuple[int, int | None] | None = None  # beside other processes' load: the one layout measured (see HELD_LAYOUT)
 
     @classmethod
     def of(cls, decision: MaxBatchDecision | None, start: OperatingPoint, cores: int, gpu: bool, concurrency: int = 0,
-           user_max: int | None = None) -> SearchSpace:
-        """The space around the rules' start point; `user_max` is --max-batch-size when the user gave one."""
+           user_max: int | None = None, beside_load: bool = False) -> SearchSpace:
+        """The space around the rules' start point; `user_max` is --max-batch-size when the user gave one; `beside_load`:
+        other processes kept cores busy as the search began (then the start's layout is held, see held_layout)."""
         fixed = user_max or (start.max_batch_size if decision is not None and decision.decided_by in ("user_cap", "recorded") else None)
         largest = max(start.max_batch_size, (decision.largest_fit or decision.max_batch_size) if decision is not None else 0)
         if decision is not None and decision.measured_max:  # measured on fewer cores: the batches measured there bound it
@@ -62,8 +71,9 @@ class SearchSpace:
         if fixed:
             largest = fixed
         peak = max(start.preferred, default=max(1, start.max_batch_size))
+        layout = (start.instances, start.threads) if beside_load and not gpu else None
         return cls(max(1, min(peak, largest)), max(1, largest), fixed, max(1, cores), gpu, concurrency, start.queue_delay_us,
-                   start.max_batch_size > 0)
+                   start.max_batch_size > 0, layout)
 
 
 def seed_concurrency(start: OperatingPoint) -> int:
@@ -73,7 +83,10 @@ def seed_concurrency(start: OperatingPoint) -> int:
 
 
 def layouts(space: SearchSpace) -> list[tuple[int, int | None]]:
-    """Instance layouts: CPU count x threads with count x threads <= cores (powers of two); GPU 1 or 2 instances."""
+    """Instance layouts: CPU count x threads with count x threads <= cores (powers of two); GPU 1 or 2 instances; beside
+    other processes' load on a CPU only the start's layout (HELD_LAYOUT says why)."""
+    if space.layout is not None:
+        return [space.layout]
     if space.gpu:
         return [(1, None), (2, None)]
     out, count = [], 1

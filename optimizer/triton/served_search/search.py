@@ -31,7 +31,7 @@ from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.cache import ServedSearchCache, search_key
 from optimizer.triton.served_search.loader import VariantLoader
 from optimizer.triton.served_search.measure import Bench
-from optimizer.triton.served_search.points import SearchSpace, latency_at
+from optimizer.triton.served_search.points import HELD_LAYOUT, SearchSpace, latency_at
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.run import SearchRun
 from optimizer.triton.served_search.servers import STAND_IN_LABEL, local_server, remote_server
@@ -42,14 +42,15 @@ log = logging.getLogger(__name__)
 
 BESIDE_LOAD = ("other processes kept {busy:.1f} of {cores} cores busy as the served search began; the server runs on every core "
                "beside them, as it will be deployed, and every variant is measured beside that load: throughputs are below an "
-               "idle machine's and the choice can differ from a quiet export's (export on a quiet machine, or give --wait-for-cores)")
+               "idle machine's, the instance layout is the rules' (not compared beside the load) and the batcher's choice can differ "
+               "from a quiet export's (export on a quiet machine, or give --wait-for-cores)")
 """Why the served search is not pinned to the free cores as in-process measurement is: a server pinned there can only
 measure layouts for fewer cores, and what it published (one instance, one thread on the bundled CNN) served 0.62 of the quiet
 export's choice on the idle machine (benchmarks/noisy_choice.py). Beside one spinning core, the CNN's quick served grid
 on both cores still ranked its three best configs 1 instance x 2 threads, as on the idle machine, at 0.6-0.7 of their idle
-throughput; unlike in-process, a served variant's parallel regions did not stall behind the spinner. After the change the
-CNN's busy exports all published the quiet layout (worst busy run 0.87x of the quiet choice), but half the bundled
-transformer's published 2 instances x 1 thread (worst 0.43x): the load does not meet every layout alike for every model."""
+throughput. After the change the CNN's busy exports all published the quiet layout (worst busy run 0.87x of the quiet
+choice), but half the bundled transformer's published 2 instances x 1 thread (worst 0.43x): the load does not meet every
+layout alike, so the layout is now held at the rules' (points.HELD_LAYOUT)."""
 
 __all__ = ["SearchRequest", "served_search", "request_mix", "STAND_IN_LABEL"]
 
@@ -140,7 +141,10 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
             search.measured_on = share.to_json()
             first = _as_measured(search.start, decision)
             on_event(Event("serve", "progress", result.selected or "", BESIDE_LOAD.format(busy=share.others_busy, cores=len(share.available))))
-        space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max)
+        beside = share is not None and share.reduced
+        space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside)
+        if space.layout is not None:
+            search.held_layout = HELD_LAYOUT
         deadline = time.monotonic() + request.budget_s
         with VariantLoader(where.url, protocol=request.protocol, place=where.place, files=where.files, check_alive=where.check_alive) as loader:
             bench = Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol)
