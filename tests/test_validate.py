@@ -235,6 +235,59 @@ def test_a_string_model_like_tritons_own_is_served_answered_and_measured(tmp_pat
     assert data[0]["INPUT0"] == {"content": ["aitune"], "shape": [1]}  # BYTES go to perf_analyzer as strings
 
 
+def _onnx_model(path: Path, nodes, inputs, outputs, initializers=()) -> None:
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(helper.make_graph(nodes, path.parent.parent.name, inputs, outputs, list(initializers)),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, str(path))
+
+
+@pytest.mark.slow
+def test_the_onnxruntime_stand_in_completes_and_checks_configs_as_the_native_backend_does(tmp_path: Path):
+    """Triton's own kinds of config the native backend loads: only name and backend (it fills max_batch_size 4 and a dynamic
+    batcher when every first axis is variable), and an optional input that the graph gives a default (an overridable
+    initializer), which a request may leave out. The stand-in once served the first unbatched and refused the second."""
+    from onnx import TensorProto, helper
+
+    from optimizer.triton.server import LocalTritonServer
+
+    repo = tmp_path / "repo"
+    _onnx_model(repo / "autofill" / "1" / "model.onnx", [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+                [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 16])],
+                [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 16])])
+    (repo / "autofill" / "config.pbtxt").write_text('name: "autofill"\nbackend: "onnxruntime"\n')
+    _onnx_model(repo / "optional" / "1" / "model.onnx", [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"])],
+                [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [1, 16]),
+                 helper.make_tensor_value_info("INPUT1", TensorProto.FLOAT, [1, 16])],
+                [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [1, 16])],
+                [helper.make_tensor("INPUT1", TensorProto.FLOAT, [1, 16], [100.0] * 16)])
+    (repo / "optional" / "config.pbtxt").write_text(
+        'name: "optional"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] },\n'
+        '        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1, 16 ] optional: true } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]\n')
+    r = run_cli("validate", str(repo), "--model", "autofill", "--concurrency", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["oversize"]["refused"] and "must be <= 4" in record["oversize"]["message"]  # served batched, as natively
+    import tritonclient.http as http
+
+    with LocalTritonServer(repo) as server:
+        server.load("optional")
+        client = server.client("http")
+        x = np.arange(16, dtype=np.float32).reshape(1, 16)
+        only = http.InferInput("INPUT0", [1, 16], "FP32")
+        only.set_data_from_numpy(x)
+        np.testing.assert_array_equal(client.infer("optional", [only]).as_numpy("OUTPUT0"), x + 100)  # the graph's default
+        given = http.InferInput("INPUT1", [1, 16], "FP32")
+        given.set_data_from_numpy(np.ones((1, 16), np.float32))
+        np.testing.assert_array_equal(client.infer("optional", [only, given]).as_numpy("OUTPUT0"), x + 1)
+
+
 SEQUENCE_MODEL = """import numpy as np
 import triton_python_backend_utils as pb_utils
 

@@ -17,6 +17,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 MODEL_FILENAME = "model.onnx"  # the python backend reports default_model_filename as model.py: never read it
+DEFAULT_MAX_BATCH_SIZE = 4  # the native backend's --backend-config=onnxruntime,default-max-batch-size default
 _ORT_TO_TRITON = {"tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64", "tensor(float16)": "TYPE_FP16",
                   "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32", "tensor(int16)": "TYPE_INT16",
                   "tensor(int8)": "TYPE_INT8", "tensor(uint8)": "TYPE_UINT8", "tensor(uint16)": "TYPE_UINT16",
@@ -48,24 +49,42 @@ def _model_path(args, cfg):
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(auto_complete_model_config):
+        """The native backend's auto-complete: nothing when the config has inputs and outputs; else the max batch first
+        (DEFAULT_MAX_BATCH_SIZE and a dynamic batcher when every tensor's first axis is variable and none was set), then
+        the missing tensors, a scalar as dims [1] (with an empty reshape when the model batches)."""
         cfg = auto_complete_model_config.as_dict()
         if cfg.get("input") and cfg.get("output"):
             return auto_complete_model_config
         import onnxruntime as ort
 
         sess = ort.InferenceSession(os.path.join(_version_dir_from_cmdline(), MODEL_FILENAME), providers=["CPUExecutionProvider"])
-        batching = cfg.get("max_batch_size", 0) > 0
+        tensors = [*sess.get_inputs(), *sess.get_outputs()]
+        max_batch = int(cfg.get("max_batch_size", 0) or 0)
+        if all(t.shape and not isinstance(t.shape[0], int) for t in tensors):
+            if max_batch == 0:
+                max_batch = DEFAULT_MAX_BATCH_SIZE
+                auto_complete_model_config.set_max_batch_size(max_batch)
+                pb_utils.Logger.log_warn(f"autofilled max_batch_size to {max_batch} for model '{cfg.get('name')}' since batching is "
+                                         "supported but no max_batch_size is specified in model configuration")
+            if max_batch > 1 and not cfg.get("sequence_batching") and not cfg.get("dynamic_batching"):
+                auto_complete_model_config.set_dynamic_batching()
+        elif max_batch != 0:
+            raise pb_utils.TritonModelException(f"autofill failed for model '{cfg.get('name')}': model does not support batching "
+                                                "while non-zero max_batch_size is specified")
 
-        def dims(shape):
-            d = [x if isinstance(x, int) else -1 for x in shape]
-            return d[1:] if batching else d
+        def tensor(t):
+            d = [x if isinstance(x, int) else -1 for x in t.shape][1 if max_batch > 0 else 0:]
+            spec = {"name": t.name, "data_type": _ORT_TO_TRITON[t.type], "dims": d or [1]}
+            if not d and max_batch > 0:
+                spec["reshape"] = {"shape": []}
+            return spec
 
         if not cfg.get("input"):
             for i in sess.get_inputs():
-                auto_complete_model_config.add_input({"name": i.name, "data_type": _ORT_TO_TRITON[i.type], "dims": dims(i.shape)})
+                auto_complete_model_config.add_input(tensor(i))
         if not cfg.get("output"):
             for o in sess.get_outputs():
-                auto_complete_model_config.add_output({"name": o.name, "data_type": _ORT_TO_TRITON[o.type], "dims": dims(o.shape)})
+                auto_complete_model_config.add_output(tensor(o))
         return auto_complete_model_config
 
     def initialize(self, args):
@@ -85,9 +104,13 @@ class TritonPythonModel:
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL"))
         self.session = ort.InferenceSession(_model_path(args, cfg), opts, providers=["CPUExecutionProvider"])
         self.batching = cfg.get("max_batch_size", 0) > 0
-        _check_io(args["model_name"], cfg, self.session.get_inputs(), "input", self.batching)
+        # overridable initializers (graph inputs with a default) can be request inputs, as in the native backend
+        _check_io(args["model_name"], cfg, [*self.session.get_inputs(), *self.session.get_overridable_initializers()], "input", self.batching)
         _check_io(args["model_name"], cfg, self.session.get_outputs(), "output", self.batching)
         self.inputs = [i["name"] for i in cfg["input"]]
+        self.optional = {i["name"] for i in cfg["input"] if i.get("optional")}
+        self.scalars = {t.name: [int(d) for d in (spec.get("reshape", {}) or {}).get("shape", spec["dims"])] or [1]
+                        for t in self.session.get_outputs() if not t.shape for spec in cfg["output"] if spec["name"] == t.name}
         self.outputs = [(o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in cfg["output"]]
         pb_utils.Logger.log_info(
             f"stand-in onnxruntime backend: {_model_path(args, cfg)} onnxruntime {ort.__version__} "
@@ -95,7 +118,8 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        feeds = [{n: _text_in(pb_utils.get_input_tensor_by_name(r, n).as_numpy()) for n in self.inputs} for r in requests]
+        feeds = [{n: _text_in(t.as_numpy()) for n in self.inputs
+                  if (t := pb_utils.get_input_tensor_by_name(r, n)) is not None or n not in self.optional} for r in requests]
         try:
             results = _run_batched(self._run, feeds, self.batching)
         except Exception as err:  # one bad batch fails its requests, not the model
@@ -106,7 +130,9 @@ class TritonPythonModel:
         ]
 
     def _run(self, feed):
-        return self.session.run([n for n, _ in self.outputs], feed)
+        outs = self.session.run([n for n, _ in self.outputs], feed)
+        # a scalar model output answers in the config's dims (all 1), as the native backend does
+        return [np.reshape(v, self.scalars[n]) if n in self.scalars else v for (n, _), v in zip(self.outputs, outs)]
 
 
 def _text_in(array):
@@ -129,6 +155,9 @@ def _check_io(model, cfg, model_tensors, kind, batching):
     have = {t.name: t for t in model_tensors}
     for spec in cfg.get(kind, []):
         name = spec["name"]
+        if spec.get("optional") and batching:
+            raise pb_utils.TritonModelException(
+                f"unable to load model '{model}', optional input '{name}' is not supported for models that support batching")
         if name not in have:
             raise pb_utils.TritonModelException(
                 f"unexpected inference {kind} '{name}', allowed {kind}s are: {', '.join(sorted(have))}")
@@ -138,7 +167,14 @@ def _check_io(model, cfg, model_tensors, kind, batching):
             raise pb_utils.TritonModelException(
                 f"unable to load model '{model}', configuration expects datatype {spec['data_type']} for {kind} '{name}', model provides {wanted}")
         model_shape = [d if isinstance(d, int) else -1 for d in tensor.shape]
-        config_shape = ([-1] if batching else []) + [int(d) for d in (spec.get("reshape", {}) or {}).get("shape", spec["dims"])]
+        dims = [int(d) for d in (spec.get("reshape", {}) or {}).get("shape", spec["dims"])]
+        if not model_shape:  # a scalar in the model: the config may only say 1s
+            if any(d != 1 for d in dims):
+                raise pb_utils.TritonModelException(
+                    f"unable to load model '{model}', scalar tensor '{name}', should only provide 1 in the model configuration when the "
+                    f"model doesn't support batching. Model configuration provided: {dims}.")
+            continue
+        config_shape = ([-1] if batching else []) + dims
         if batching and (not model_shape or model_shape[0] != -1):
             raise pb_utils.TritonModelException(
                 f"model '{model}', tensor '{name}': for the model to support batching the shape should have at least 1 dimension "
