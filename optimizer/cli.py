@@ -402,7 +402,8 @@ def _print_validation(record: Any) -> None:
         click.echo(f"  served by: {record.served_by}")
     for a in record.answers:
         against = "the eager reference" if a.compared_with == "reference" else "the config's shapes and dtypes (no reference)"
-        state = f"match {against} in {len(a.cases)} case(s), max abs error {a.max_abs:.3g}" if a.passed else f"FAIL: {a.error}"
+        error = f", max abs error {a.max_abs:.3g}" if a.compared_with == "reference" else " (no values compared)"
+        state = f"match {against} in {len(a.cases)} case(s){error}" if a.passed else f"FAIL: {a.error}"
         click.echo(f"  answers over {a.protocol}: {state}{label}")
     if record.oversize is not None:
         o = record.oversize
