@@ -248,9 +248,10 @@ def _onnx_model(path: Path, nodes, inputs, outputs, initializers=()) -> None:
 
 @pytest.mark.slow
 def test_the_onnxruntime_stand_in_completes_and_checks_configs_as_the_native_backend_does(tmp_path: Path):
-    """Triton's own kinds of config the native backend loads: only name and backend (it fills max_batch_size 4 and a dynamic
+    """Triton's own kinds of config the native backend loads: none at all (it fills max_batch_size 4 and a dynamic
     batcher when every first axis is variable), and an optional input that the graph gives a default (an overridable
-    initializer), which a request may leave out. The stand-in once served the first unbatched and refused the second."""
+    initializer), which a request may leave out. Validate once refused the first ("holds 0 models"), the stand-in served a config of only name and backend unbatched, and
+    it refused the second."""
     from onnx import TensorProto, helper
 
     from optimizer.triton.server import LocalTritonServer
@@ -259,7 +260,7 @@ def test_the_onnxruntime_stand_in_completes_and_checks_configs_as_the_native_bac
     _onnx_model(repo / "autofill" / "1" / "model.onnx", [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
                 [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 16])],
                 [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 16])])
-    (repo / "autofill" / "config.pbtxt").write_text('name: "autofill"\nbackend: "onnxruntime"\n')
+    # no config.pbtxt at all: Triton's core finds the backend from model.onnx, the backend completes the rest
     _onnx_model(repo / "optional" / "1" / "model.onnx", [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"])],
                 [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [1, 16]),
                  helper.make_tensor_value_info("INPUT1", TensorProto.FLOAT, [1, 16])],
@@ -274,6 +275,7 @@ def test_the_onnxruntime_stand_in_completes_and_checks_configs_as_the_native_bac
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["oversize"]["refused"] and "must be <= 4" in record["oversize"]["message"]  # served batched, as natively
+    assert any("has no config.pbtxt: Triton completed one" in n for n in record["notes"])
     import tritonclient.http as http
 
     with LocalTritonServer(repo) as server:
@@ -389,6 +391,20 @@ def test_the_onnxruntime_stand_in_hands_text_to_onnxruntime_and_bytes_back():
     assert standin._text_in(sent).tolist() == [["ab", "caf\u00e9"]]
     assert standin._text_out(np.array([["ab", "caf\u00e9"]], dtype=object)).tolist() == sent.tolist()
     assert standin._text_in(np.ones(2, np.float32)).dtype == np.float32
+
+
+def test_a_model_folder_without_a_config_is_found_as_triton_finds_it(tmp_path: Path):
+    from optimizer.errors import RepositoryError
+    from optimizer.triton.validation import resolve_target
+
+    (tmp_path / "repo" / "bare" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "bare" / "1" / "model.onnx").write_bytes(b"")
+    (tmp_path / "repo" / "notes").mkdir()  # a folder with no version and no model file is not a model
+    target = resolve_target(tmp_path / "repo", None)
+    assert (target.name, target.backend, target.completed) == ("bare", "onnxruntime", True)
+    assert resolve_target(tmp_path / "repo" / "bare", None).name == "bare"  # REPO may be the model folder
+    with pytest.raises(RepositoryError, match="holds no model .*config.pbtxt.*model.onnx"):
+        resolve_target(tmp_path / "repo" / "notes", None)
 
 
 def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

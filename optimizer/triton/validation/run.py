@@ -140,6 +140,11 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     any_client = clients.get("http") or clients[settings.protocol]
     served = served_config(any_client, target.name)
     record.served_config = config_summary(served)
+    if target.completed:
+        record.notes.append(f"{target.name} has no config.pbtxt: Triton completed one from the model file (max_batch_size "
+                            f"{int(served.get('max_batch_size') or 0)}, {len(served.get('input') or [])} input(s), "
+                            f"{len(served.get('output') or [])} output(s)), and that config is what was validated; "
+                            f"`curl HOST:8000/v2/models/{target.name}/config` prints it to keep")
     steps = [s.get("model_name") for s in (served.get("ensemble_scheduling") or {}).get("step", [])]
     runs = served_config(any_client, steps[0]) if len(steps) == 1 else served  # what runs the model behind our ensemble
     runtime = str(runs.get("runtime") or "")  # Triton reports "model.py" for a Python-based backend

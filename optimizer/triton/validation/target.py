@@ -21,6 +21,7 @@ class ModelTarget:
     name: str
     config: Any  # tritonclient.grpc.model_config_pb2.ModelConfig
     store: Any = None  # object_store.ObjectStore when the repository is in object storage
+    completed: bool = False  # no config.pbtxt: Triton's auto-complete writes the config the server runs
 
     @property
     def remote(self) -> bool:
@@ -55,24 +56,47 @@ def resolve_target(repository: Path, model: str | None) -> ModelTarget:
         raise RepositoryError(f"REPO {str(repository)!r} is not a directory; give the Triton model repository the export published into.")
     if model is None and (repository / "config.pbtxt").is_file():
         repository, model = repository.resolve().parent, repository.resolve().name
-    models = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
+    if model is None and _bare_backend(repository):  # a model folder without a config
+        repository, model = repository.resolve().parent, repository.resolve().name
+    models = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file() or _bare_backend(p))
     if model is None:
         candidates = _public_models({m: (repository / m / "config.pbtxt").read_bytes() for m in models}) if len(models) > 1 else models
         if len(candidates) == 1:
             model = candidates[0]
+        elif not models:
+            raise RepositoryError(f"{str(repository)!r} holds no model (no folder with a config.pbtxt, nor one with a numbered version "
+                                  f"folder holding {' or '.join(AUTO_COMPLETED)}); give the Triton model repository the export published into.")
         elif len(models) != 1:
-            listing = ", ".join(models) if models else "none"
-            raise RepositoryError(f"{str(repository)!r} holds {len(models)} models ({listing}); choose one with --model NAME.")
+            raise RepositoryError(f"{str(repository)!r} holds {len(models)} models ({', '.join(models)}); choose one with --model NAME.")
         else:
             model = models[0]
     if model not in models:
         raise RepositoryError(f"model {model!r} is not in {str(repository)!r} (no {model}/config.pbtxt); models there: {', '.join(models) or 'none'}.")
     path = repository / model / "config.pbtxt"
+    if not path.is_file():  # Triton completes it from the model file: validated as the server completes it
+        return ModelTarget(repository.resolve(), model, parse(f'name: "{model}"\nbackend: "{_bare_backend(repository / model)}"\n'),
+                           completed=True)
     try:
         config = parse(path.read_text(), str(path))
     except TemplateError as err:
         raise RepositoryError(str(err)) from err
     return ModelTarget(repository.resolve(), model, config)
+
+
+AUTO_COMPLETED = {"model.onnx": "onnxruntime", "model.py": "python", "model.plan": "tensorrt", "model.savedmodel": "tensorflow"}
+"""Model files from which Triton's auto-complete (on by default) finds the backend of a model folder with no config.pbtxt."""
+
+
+def _bare_backend(folder: Path) -> str:
+    """The backend Triton would complete for a model folder without config.pbtxt ("" when it is not one): a numeric version
+    folder holding a default model file."""
+    if not folder.is_dir() or (folder / "config.pbtxt").exists():
+        return ""
+    for version in sorted(p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()):
+        for filename, backend in AUTO_COMPLETED.items():
+            if (version / filename).exists():
+                return backend
+    return ""
 
 
 def _resolve_store_target(url: str, model: str | None) -> ModelTarget:
