@@ -407,6 +407,21 @@ def test_a_model_folder_without_a_config_is_found_as_triton_finds_it(tmp_path: P
         resolve_target(tmp_path / "repo" / "notes", None)
 
 
+def test_the_versions_a_server_holds_ready_are_read_from_its_repository_index():
+    """A version_policy can serve several versions while requests without a version reach only the newest: validate names them."""
+    from optimizer.triton.validation.client import ready_versions, response_cache_enabled
+
+    class Http:
+        __module__ = "tritonclient.http._client"
+
+        def get_model_repository_index(self):
+            return [{"name": "m", "version": "2", "state": "READY"}, {"name": "m", "version": "1", "state": "READY"},
+                    {"name": "m", "version": "3", "state": "UNAVAILABLE"}, {"name": "other", "version": "7", "state": "READY"}]
+
+    assert ready_versions(Http(), "m") == [1, 2]
+    assert response_cache_enabled({"response_cache": {"enable": True}}) and not response_cache_enabled({})
+
+
 def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from optimizer.triton.validation import find_export_report, resolve_target
 

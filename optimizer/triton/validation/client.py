@@ -149,3 +149,18 @@ def server_version(server: LocalTritonServer) -> str:
     except Exception as err:  # metadata is cosmetic: never fail a validation over it
         log.debug("server metadata: %s", err)
         return "2.51"
+
+
+def ready_versions(client: Any, name: str) -> list[int]:
+    """The versions of `name` the server holds READY (its version_policy decides how many), ascending; [] when unknown."""
+    try:
+        index = client.get_model_repository_index() if _is_http(client) else client.get_model_repository_index(as_json=True).get("models", [])
+    except Exception as err:  # the index is extra information; its absence is not a failed check
+        log.debug("repository index: %s", err)
+        return []
+    return sorted(int(m["version"]) for m in index if m.get("name") == name and m.get("state") == "READY" and str(m.get("version", "")).isdigit())
+
+
+def response_cache_enabled(served: dict[str, Any]) -> bool:
+    """Whether the served config asks for Triton's response cache (which needs the server's --cache-config to act)."""
+    return bool((served.get("response_cache") or {}).get("enable"))

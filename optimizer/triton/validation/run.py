@@ -20,7 +20,8 @@ from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed,
 from optimizer.triton.perf_analyzer_input import write_input_data
 from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
 from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, served_names, window_for
-from optimizer.triton.validation.client import config_summary, execution_counts, load_remote, max_batch, request_ms, served_config, server_version
+from optimizer.triton.validation.client import (config_summary, execution_counts, load_remote, max_batch, ready_versions, request_ms,
+                                                response_cache_enabled, served_config, server_version)
 from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
 from optimizer.triton.validation.record import STAND_IN_LABEL, ValidationRecord
 from optimizer.triton.validation.target import ModelTarget, composing_targets, local_servability, output_folder, resolve_target
@@ -140,6 +141,14 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     any_client = clients.get("http") or clients[settings.protocol]
     served = served_config(any_client, target.name)
     record.served_config = config_summary(served)
+    versions = ready_versions(any_client, target.name)
+    if len(versions) > 1:
+        record.notes.append(f"versions {', '.join(map(str, versions))} of {target.name} are served (its version_policy); the answer "
+                            f"checks and perf_analyzer send requests without a version, which reach version {versions[-1]}: the "
+                            "others loaded but were not checked")
+    if response_cache_enabled(served):
+        record.notes.append("the config enables response_cache, but this server runs without a cache (tritonserver --cache-config): "
+                            "throughput is measured uncached; behind a cache, perf_analyzer's repeated rows would be answered from it")
     if target.completed:
         record.notes.append(f"{target.name} has no config.pbtxt: Triton completed one from the model file (max_batch_size "
                             f"{int(served.get('max_batch_size') or 0)}, {len(served.get('input') or [])} input(s), "
