@@ -63,7 +63,7 @@ class SearchSpace:
     def of(cls, decision: MaxBatchDecision | None, start: OperatingPoint, cores: int, gpu: bool, concurrency: int = 0,
            user_max: int | None = None, beside_load: bool = False) -> SearchSpace:
         """The space around the rules' start point; `user_max` is --max-batch-size when the user gave one; `beside_load`:
-        other processes kept cores busy as the search began (then the start's layout is held, see held_layout)."""
+        other processes kept cores busy as the search began (then the start's layout is held, see HELD_LAYOUT)."""
         fixed = user_max or (start.max_batch_size if decision is not None and decision.decided_by in ("user_cap", "recorded") else None)
         largest = max(start.max_batch_size, (decision.largest_fit or decision.max_batch_size) if decision is not None else 0)
         if decision is not None and decision.measured_max:  # measured on fewer cores: the batches measured there bound it
