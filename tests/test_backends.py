@@ -75,6 +75,21 @@ def test_torchscript_refuses_output_names_libtorch_cannot_serve(tmp_path):
         backend_named("torchscript").build(model, sig, tmp_path, (1, 4), "cpu")
 
 
+def test_torchscript_saves_nested_and_dict_outputs_flat_as_libtorch_serves_them(tmp_path):
+    """Triton's libtorch backend takes a tensor or a flat tuple of tensors: an LSTM's `out, (h, c)` or a dict once went
+    into model.pt as returned, and the served model failed every request."""
+    import torch
+
+    model = load_model("tests.fixtures.models:nested_outputs")
+    sig = resolve_signature(model)
+    art = backend_named("torchscript").build(model, sig, tmp_path, (1, 4), "cpu")
+    x = torch.arange(8, dtype=torch.float32).reshape(2, 4)
+    outs = torch.jit.load(str(tmp_path / "model.pt"))(x)
+    assert isinstance(outs, tuple) and all(isinstance(o, torch.Tensor) for o in outs)
+    assert [o.tolist() for o in outs] == [(x + 1).tolist(), (x * 2).tolist(), (x * 3).tolist(), (x - 1).tolist()]
+    assert len(sig.output_names) == 4 and art.files == ["model.pt"]
+
+
 def test_runner_checks_the_feed_before_running(tmp_path):
     model = load_model("optimizer.examples.cnn:build")
     sig = resolve_signature(model)

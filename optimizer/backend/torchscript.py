@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from optimizer.backend.base import Availability, Backend, Runner
 from optimizer.backend.cuda import torch_cuda_availability
 from optimizer.backend.precision import reduced_precision_module
+from optimizer.backend.torch_export import flat_outputs_module
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError
 from optimizer.machine import cpu_cores
@@ -36,6 +37,7 @@ class TorchScriptBackend(Backend):
     workflow = frozenset({"aot", "jit"})
     default_settings = {"freeze": True}
     precisions = MappingProxyType({"cpu": frozenset({"fp32", "bf16"}), "cuda": frozenset({"fp32", "fp16", "bf16"})})
+    build_format = 2  # nested and dict outputs are traced flat (format 1 saved them as returned: Triton could not serve them)
 
     def _availability(self, device: str) -> Availability:
         if Device.of(device).is_cuda:
@@ -63,6 +65,8 @@ class TorchScriptBackend(Backend):
             module = module.to(str(device)) if Device.of(device).kind != "cpu" else module
             args = tuple(a.to(str(device)) for a in args)
             with torch.no_grad():
+                if not _flat(module(*args)):  # libtorch serves a tensor or a flat tuple of tensors, never nesting or a dict
+                    module = flat_outputs_module(module)
                 scripted = torch.jit.trace(module, args, check_trace=False, strict=False)
         if self.settings["freeze"]:
             scripted = torch.jit.freeze(scripted.eval())
@@ -99,3 +103,12 @@ class TorchScriptBackend(Backend):
         import torch
 
         return {"torch": torch.__version__}
+
+
+def _flat(outputs: Any) -> bool:
+    """Whether a forward() result is what Triton's libtorch backend serves: one tensor, or a tuple or list of tensors."""
+    import torch
+
+    if isinstance(outputs, torch.Tensor):
+        return True
+    return isinstance(outputs, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in outputs)
