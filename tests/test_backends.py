@@ -90,6 +90,18 @@ def test_torchscript_saves_nested_and_dict_outputs_flat_as_libtorch_serves_them(
     assert len(sig.output_names) == 4 and art.files == ["model.pt"]
 
 
+def test_an_onnx_export_failure_names_its_cause_without_terminal_colours():
+    from optimizer.backend.onnx_export import exporter_cause
+
+    message = ("Failed to export the model with torch.export. \x1b[96mThis is step 1/3\x1b[0m of exporting the model to ONNX. "
+               "Next steps:\n- Modify the model code.\n\n## Exception summary\n\n<class 'torch._dynamo.exc.UserError'>: "
+               "Dynamic control flow is not supported at the moment.\n\n(Refer to the full stack trace above.)")
+    cause = exporter_cause(message)
+    assert cause == ("Failed to export the model with torch.export: <class 'torch._dynamo.exc.UserError'>: "
+                     "Dynamic control flow is not supported at the moment.")
+    assert exporter_cause("\x1b[31mplain failure\x1b[0m\nmore") == "plain failure"
+
+
 def test_runner_checks_the_feed_before_running(tmp_path):
     model = load_model("optimizer.examples.cnn:build")
     sig = resolve_signature(model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,8 +77,7 @@ def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max:
             )
     except Exception as err:
         log.debug("exporter output:\n%s", chatter.getvalue())
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise BackendError(f"torch.onnx.export (dynamo) failed: {type(err).__name__}: {first}") from err
+        raise BackendError(f"torch.onnx.export (dynamo) failed: {type(err).__name__}: {exporter_cause(str(err))}") from err
     log.debug("exporter output:\n%s", chatter.getvalue())
     if precision != "fp32":
         _check_graph(path, precision)
@@ -112,3 +112,19 @@ def _copy_onnx(model: LoadedModel, path: Path) -> dict[str, Any]:
     shutil.copy2(src, path)
     opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
     return {"exporter": "copied ONNX source", "opset": opset, "external_data": bool(external), "files": [path.name, *external]}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def exporter_cause(message: str) -> str:
+    """The line of an exporter's error that names the cause, without terminal colours. torch.onnx's own first line only
+    says which step failed ("Failed to export the model with torch.export. This is step 1/3 ... Next steps:"); the
+    cause follows its "## Exception summary" heading."""
+    lines = [line.strip() for line in _ANSI.sub("", message).splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    after = next((i for i, line in enumerate(lines) if line.startswith("## Exception summary")), None)
+    if after is not None and after + 1 < len(lines):
+        return f"{lines[0].split('. ')[0]}: {lines[after + 1]}"
+    return lines[0]
