@@ -136,3 +136,16 @@ def test_parser_never_crashes_on_garbage(text):
         parse_input_spec(text)
     except SignatureError as err:
         assert str(err)
+
+
+def test_a_bfloat16_tensor_at_the_models_boundary_is_refused_with_the_way_round_it():
+    """The signature once said float32 for a bf16 output, and the published TorchScript returned bf16 where its config
+    promised TYPE_FP32; a bf16 input got float32 samples and failed inside the model."""
+    from optimizer.model.reference import resolve_signature
+    from optimizer.model.signature import parse_input_spec
+    from optimizer.model.source import load_model
+
+    with pytest.raises(SignatureError, match="returns a bfloat16 output.*return .float\\(\\).*--precision bf16"):
+        resolve_signature(load_model("tests.fixtures.models:bf16_head"))
+    with pytest.raises(SignatureError, match="takes bfloat16 input 'x'.*cast inside forward"):
+        resolve_signature(load_model("tests.fixtures.models:mlp"), [parse_input_spec("x:bfloat16:16")])

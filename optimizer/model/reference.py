@@ -64,7 +64,9 @@ def run_reference(model: LoadedModel, signature_inputs: Sequence[str], feed: Fee
     bad = [type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)]
     if bad:
         raise SignatureError(f"the model returns non-tensor outputs ({', '.join(bad)}); return tensors, a tuple or a dict of tensors.")
-    return [o.detach().float().numpy() if o.dtype == torch.bfloat16 else o.detach().numpy().copy() for o in outs]
+    if any(o.dtype == torch.bfloat16 for o in outs):
+        raise SignatureError(BF16_BOUNDARY.format(what="returns a bfloat16 output", fix="return .float() from forward()"))
+    return [o.detach().numpy().copy() for o in outs]
 
 
 _ORT_CACHE: dict[str, Any] = {}
@@ -133,6 +135,13 @@ def _onnx_inputs(model: LoadedModel, batching: bool) -> tuple[list[str], list[Te
     return names, specs
 
 
+BF16_BOUNDARY = ("the model {what}: bfloat16 has no numpy dtype, so the samples, the correctness check and numpy clients cannot "
+                 "carry it; {fix}, or keep the model in float32 and give --precision bf16 (bf16 compute behind float32 inputs "
+                 "and outputs, which clients keep).")
+"""Why a bfloat16 tensor at the model's boundary is refused: the signature once said float32 for a bf16 output, and the
+published TorchScript returned bf16 where its config promised TYPE_FP32 ("Got unsupported ScalarType BFloat16")."""
+
+
 def resolve_signature(
     model: LoadedModel,
     input_specs: Sequence[InputSpec] = (),
@@ -148,6 +157,10 @@ def resolve_signature(
     names, inferred = inferred_inputs(model, batching)
     inputs = merge_specs(inferred, names, input_specs, value_ranges or {}, optional=model.optional_forward_names)
     sig = Signature(inputs=inputs, batching=batching)
+    bf16 = [t.name for t in inputs if t.dtype.name == "bfloat16"]
+    if bf16:
+        raise SignatureError(BF16_BOUNDARY.format(what=f"takes bfloat16 input {bf16[0]!r}",
+                                                  fix="take float32 and cast inside forward() (x.to(torch.bfloat16))"))
     points = [ShapePoint(b, p) for b in ((1, 2) if batching else (0,)) for p in ("min", "max")]
     observed: list[list[np.ndarray]] = []
     for i, point in enumerate(points):
