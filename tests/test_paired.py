@@ -135,6 +135,11 @@ def test_a_tie_never_publishes_a_candidate_that_does_not_beat_eager():
     tie = PairedComparison("torch-aoti[cpu]", {}, {}, winner="onnxruntime[cpu]", verdict="preferred", summary="a tie")
     best, why = MaxThroughputStrategy()._select([aoti, ort], eager, [], tie)
     assert best is aoti  # onnxruntime measured below eager: the gate keeps the leader
+    assert "onnxruntime[cpu] is not published: its separate measurement" in why  # and the reason says so
+    clearly = PairedComparison("torch-aoti[cpu]", {}, {}, {"onnxruntime[cpu]": [2.61, 1.55, 4.39]}, winner="onnxruntime[cpu]",
+                               verdict="challenger", summary="onnxruntime[cpu] is faster")
+    best, why = MaxThroughputStrategy()._select([aoti, ort], eager, [], clearly)
+    assert best is ort  # its paired interval lies above the leader, which beats eager: one noisy number does not override it
     faster_ort = cand("onnxruntime[cpu]", "onnxruntime", 110.0)
     best, why = MaxThroughputStrategy()._select([aoti, faster_ort], eager, [], tie)
     assert best is faster_ort and why.startswith("a tie")

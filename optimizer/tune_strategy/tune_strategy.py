@@ -221,10 +221,15 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         if best is None or settled is None or best.name != settled.leader:
             return best, why
         winner = next((c for c in passed if c.name == settled.winner), best)
-        if self.eager_gate == "enabled" and self._beats_eager(winner, eager) is False:
-            winner = best  # the gate still holds: a tie never publishes a candidate slower than eager
+        gated = ""
+        above_leader = (settled.ratios.get(winner.name) or [0.0, 0.0, 0.0])[1] > 1.0  # its whole interval above `best`, which beats eager
+        if self.eager_gate == "enabled" and winner is not best and not above_leader and self._beats_eager(winner, eager) is False:
+            # the gate still holds: a tie never publishes a candidate slower than eager
+            gated = (f"; {winner.name} is not published: its separate measurement ({self._fmt(self._metric(winner))}) did not beat "
+                     f"eager ({self._fmt(self._metric(eager))}) and the paired interval does not put it above {best.name}")
+            winner = best
         if winner is best:
-            return best, f"{why}; {settled.summary}"
+            return best, f"{why}; {settled.summary}{gated}"
         return winner, f"{settled.summary} (the separate measurements said: {why})"
 
     def _select_ranked(self, passed: list[Candidate], eager: Candidate | None, warnings: list[str]) -> tuple[Candidate | None, str]:
