@@ -419,10 +419,14 @@ def _print_validation(record: Any) -> None:
             each = ", ".join(f"{p['served']:.1f}/{p['predicted']:.1f} at {p['concurrency']}" for p in record.predictions)
             click.echo(f"  served / predicted at loads the served search did not measure = {record.throughput_ratio:.2f}x ({each}; "
                        f"{record.predicted_by}: {record.predicted_how})")
+        elif record.throughput_ratio is not None and not record.predicted_concurrency:  # the served search did not run
+            best = max(r["throughput"] for r in record.perf["rows"])
+            click.echo(f"  served best {best:.1f} infer/s; no served prediction (the served search did not run): in-process "
+                       f"{record.predicted_throughput:.1f} samples/s ({record.predicted_by}: {record.predicted_how}) is the model "
+                       f"without the server's per-request cost, {record.throughput_ratio:.2f}x of it served")
         elif record.throughput_ratio is not None:
-            at = f"at concurrency {record.predicted_concurrency}" if record.predicted_concurrency else "best"
-            click.echo(f"  served {at} = {record.throughput_ratio:.2f}x the predicted {record.predicted_throughput:.1f} infer/s "
-                       f"({record.predicted_by}: {record.predicted_how})")
+            click.echo(f"  served at concurrency {record.predicted_concurrency} = {record.throughput_ratio:.2f}x the predicted "
+                       f"{record.predicted_throughput:.1f} infer/s ({record.predicted_by}: {record.predicted_how})")
         if record.repeatability:
             each = ", ".join(f"{r['ratio']:.2f} at {r['concurrency']} ({r['served']:.1f} vs {r['searched']:.1f}/s)" for r in record.repeatability)
             click.echo(f"  repeatability (same config, same load as the served search): {each}")

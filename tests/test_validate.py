@@ -73,7 +73,8 @@ def test_export_validate_proves_the_onnxruntime_model_in_triton(ort_export, work
     assert record["platform"] == "onnxruntime_onnx" and record["export_report"].endswith("rep_ort/report.json")
     out = ort_export.stdout
     assert "validation of cnn (onnxruntime_onnx)" in out and ": passed [stand-in backend]" in out
-    assert "answers over grpc: match the eager reference" in out and "x the predicted" in out
+    assert "answers over grpc: match the eager reference" in out
+    assert "no served prediction (the served search did not run): in-process" in out  # not a ratio to an in-process peak
     data = json.loads((work / "rep_ort" / "perf_analyzer_input.json").read_text())["data"]
     assert len(data) == 1 and data[0]["image"]["shape"] == [3, 64, 64]  # the profiled sample: the request mix profiling timed
     assert not any(p.name.endswith(".json") for p in (work / "repo_ort").rglob("*"))  # nothing written into the repository
