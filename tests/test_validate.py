@@ -291,6 +291,33 @@ def test_the_onnxruntime_stand_in_completes_and_checks_configs_as_the_native_bac
         np.testing.assert_array_equal(client.infer("optional", [only, given]).as_numpy("OUTPUT0"), x + 1)
 
 
+@pytest.mark.slow
+def test_an_ensemble_of_two_steps_on_stand_ins_says_so_in_its_verdict(tmp_path: Path):
+    """Triton's own kind of ensemble (two ONNX steps, not the optimizer's one-step front): its header once read as a
+    native backend, because only a one-step ensemble's step was looked at."""
+    from onnx import TensorProto, helper
+
+    repo = tmp_path / "repo"
+    for name, op in (("double", "Add"), ("negate", "Neg")):
+        _onnx_model(repo / name / "1" / "model.onnx", [helper.make_node(op, ["X", "X"] if op == "Add" else ["X"], ["Y"])],
+                    [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])])
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+                                                  'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                                                  'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    (repo / "pipeline" / "1").mkdir(parents=True)
+    (repo / "pipeline" / "config.pbtxt").write_text(
+        'name: "pipeline"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\noutput [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'ensemble_scheduling { step [\n'
+        '  { model_name: "double" model_version: -1 input_map { key: "X" value: "IN" } output_map { key: "Y" value: "mid" } },\n'
+        '  { model_name: "negate" model_version: -1 input_map { key: "X" value: "mid" } output_map { key: "Y" value: "OUT" } } ] }\n')
+    r = run_cli("validate", str(repo), "--model", "pipeline", "--concurrency", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["stand_in"] and "'double', 'negate' run on a stand-in backend" in record["served_by"], record["served_by"]
+
+
 SEQUENCE_MODEL = """import numpy as np
 import triton_python_backend_utils as pb_utils
 

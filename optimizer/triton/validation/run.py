@@ -155,13 +155,17 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
                             f"{len(served.get('output') or [])} output(s)), and that config is what was validated; "
                             f"`curl HOST:8000/v2/models/{target.name}/config` prints it to keep")
     steps = [s.get("model_name") for s in (served.get("ensemble_scheduling") or {}).get("step", [])]
-    runs = served_config(any_client, steps[0]) if len(steps) == 1 else served  # what runs the model behind our ensemble
-    runtime = str(runs.get("runtime") or "")  # Triton reports "model.py" for a Python-based backend
-    record.stand_in = runtime.endswith(".py") and (runs.get("backend") or "") != "python"
-    record.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{runs.get('backend')}/model.py "
-                        f"with pip packages, not the native C++ backend" if record.stand_in else "native backend")
+    runs = {step: served_config(any_client, step) for step in steps} or {target.name: served}  # what runs the model: an ensemble's steps
+    # Triton reports runtime "model.py" for a Python-based backend: a stand-in unless the backend is python itself
+    stand_ins = {n: c.get("backend") for n, c in runs.items() if str(c.get("runtime") or "").endswith(".py") and (c.get("backend") or "") != "python"}
+    record.stand_in = bool(stand_ins)
+    record.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs "
+                        f"{', '.join(f'backends/{b}/model.py' for b in sorted(set(stand_ins.values())))} with pip packages, not the "
+                        "native C++ backend" if record.stand_in else "native backend")
     if len(steps) == 1:
         record.served_by = f"the ensemble {target.name!r} (the forward names) in front of {steps[0]!r}; {record.served_by}"
+    elif steps and stand_ins:
+        record.served_by = f"the ensemble {target.name!r}, whose step(s) {', '.join(map(repr, stand_ins))} run on a {record.served_by}"
     stats_name = steps[0] if len(steps) == 1 else target.name  # the batches the server formed are the step model's
     if (served.get("model_transaction_policy") or {}).get("decoupled"):
         record.status, record.reason = "not validated", (
