@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from optimizer.model.reference import resolve_signature  # noqa: E402
-from optimizer.model.samples import ShapePoint, generate_feed, save_feeds  # noqa: E402
+from optimizer.model.samples import ShapePoint, generate_feed, load_feeds, save_feeds  # noqa: E402
 from optimizer.model.signature import parse_value_range  # noqa: E402
 from optimizer.model.source import load_model  # noqa: E402
 from optimizer.records.tune_result import TuneResult  # noqa: E402
@@ -72,13 +72,19 @@ def samples_for(spec: str, extra: list[str], path: Path) -> Path:
     return path
 
 
-def export(spec: str, extra: list[str], root: Path, int8: bool) -> dict:
+def export(spec: str, extra: list[str], root: Path, int8: bool, concurrency: int, precision: str = "auto", name: str = "reduced") -> dict:
+    """One export into root/repo/NAME. Without --int8 the served search runs for the benchmark's load, so each side is
+    served in the config the tool publishes for it: the rules' config alone put the bundled transformer's OpenVINO
+    winner at max_batch_size 128 (its in-process peak), which the openvino backend pads every execution to (0.07x at
+    concurrency 8). --int8 republishes the best INT8 candidate from the result, so its exports keep the rules' configs."""
+    report = root / ("report" if name == "reduced" else f"report-{name}")
+    search = ["--serve-search", "off"] if int8 else ["--concurrency", str(concurrency)]
     cmd = [sys.executable, "-m", "optimizer.cli", "-q", "export", spec, *extra, "--repository", str(root / "repo"),
-           "--report-dir", str(root / "report"), "--cache-dir", str(root / "cache"), "--serve-search", "off", "--name", "reduced"]
+           "--report-dir", str(report), "--cache-dir", str(root / "cache"), *search, "--name", name, "--precision", precision]
     if int8:  # auto with real samples: fp32, bf16 where native and INT8 candidates side by side
         cmd += ["--samples", str(samples_for(spec, extra, root / "samples.npz"))]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
-    return json.loads((root / "report" / "report.json").read_text())
+    return json.loads((report / "report.json").read_text())
 
 
 def served(root: Path, names: list[str], concurrency: int, rounds: int) -> dict[str, list[float]]:
@@ -87,14 +93,17 @@ def served(root: Path, names: list[str], concurrency: int, rounds: int) -> dict[
     reference = load_export_reference(root / "report" / "report.json")
     out: dict[str, list[float]] = {n: [] for n in names}
     repo = root / "served"
-    for n in names:
-        config = parse((root / "repo" / n / "config.pbtxt").read_text())
-        private_model(root / "repo" / n, repo, n, canonical(local_config(config) if needs_translation(config) else config))
+    for folder in sorted((root / "repo").iterdir()):  # each model, and a torch-aoti winner's positional model behind its ensemble
+        if folder.name in names or folder.name.split("__")[0] in names:
+            config = parse((folder / "config.pbtxt").read_text())
+            private_model(folder, repo, folder.name, canonical(local_config(config) if needs_translation(config) else config))
     with LocalTritonServer(repo, log_path=root / "tritonserver.log") as server:
         data = {}
         for n in names:
             server.load(n)
-            feeds, _, _ = reference_feeds(reference, server.client("http").get_model_config(n))
+            # the sample in-process profiling timed (every dynamic axis at its maximum), as the served search sends it: the
+            # correctness samples mix 1-token and 128-token rows, which a server cannot batch together
+            feeds = load_feeds(reference.profile_feed) if reference.profile_feed else reference_feeds(reference, server.client("http").get_model_config(n))[0]
             rows = [{k: v[i:i + 1] for k, v in f.items()} for f in feeds for i in range(next(iter(f.values())).shape[0])]
             data[n] = write_input_data(root / f"input-{n}.json", rows, batching=True)
         settings = PerfSettings(concurrency=ConcurrencyRange(concurrency, concurrency), protocol="grpc",
@@ -119,7 +128,7 @@ def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
     spec, extra = MODELS[name]
     with tempfile.TemporaryDirectory(prefix=f"precision-{name}-") as tmp:
         root = Path(tmp)
-        doc = export(spec, extra, root, int8)
+        doc = export(spec, extra, root, int8, concurrency)
         result = TuneResult.from_json(doc["result"])
         cands = {c["name"]: c for c in doc["result"]["candidates"]}
         passed = [c for c in cands.values() if c["status"] == "passed"]
@@ -150,10 +159,15 @@ def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
         in_process = best[chosen["name"]] / best[fp32["name"]]
         if fp32["name"] == chosen["name"]:
             return f"precision model={name} chosen={label} served_ratio=1.00 in_process_ratio=1.00 cosine={cosine:.6f}"
-        publish(replace(result, selected=fp32["name"], max_batch_size=fp32["decision"]["max_batch_size"]),
-                PublishOptions(root / "repo", "fp32"))
-        print(f"  served: reduced = {chosen['name']} (max batch {result.max_batch_size}), fp32 = {fp32['name']} "
-              f"(max batch {fp32['decision']['max_batch_size']}), concurrency {concurrency}", flush=True)
+        if int8:
+            publish(replace(result, selected=fp32["name"], max_batch_size=fp32["decision"]["max_batch_size"]),
+                    PublishOptions(root / "repo", "fp32"))
+        else:  # the fp32 side as the tool publishes it for this load: its own export, served search included
+            served_fp32 = export(spec, extra, root, False, concurrency, precision="fp32", name="fp32")["result"]["selected"]
+            print(f"  fp32 export chose {served_fp32} (in-process best fp32 above: {fp32['name']})", flush=True)
+        mbs = {n: parse((root / "repo" / n / "config.pbtxt").read_text()).max_batch_size for n in ("reduced", "fp32")}
+        print(f"  served: reduced = {chosen['name']} (max batch {mbs['reduced']}), fp32 (max batch {mbs['fp32']}), "
+              f"concurrency {concurrency}", flush=True)
         tput = served(root, ["fp32", "reduced"], concurrency, rounds)
         ratio = statistics.median(tput["reduced"]) / statistics.median(tput["fp32"]) if tput["fp32"] else float("nan")
         print(f"  served over {len(tput['fp32'])} of {rounds} rounds", flush=True)
