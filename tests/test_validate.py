@@ -433,6 +433,10 @@ def test_a_model_folder_without_a_config_is_found_as_triton_finds_it(tmp_path: P
     assert resolve_target(tmp_path / "repo" / "bare", None).name == "bare"  # REPO may be the model folder
     with pytest.raises(RepositoryError, match="holds no model .*config.pbtxt.*model.onnx"):
         resolve_target(tmp_path / "repo" / "notes", None)
+    (tmp_path / "repo" / "other").mkdir()
+    (tmp_path / "repo" / "other" / "config.pbtxt").write_text('name: "other"\nbackend: "onnxruntime"\n')
+    with pytest.raises(RepositoryError, match=r"holds 2 models \(bare, other\); choose one"):  # beside a configured one
+        resolve_target(tmp_path / "repo", None)
 
 
 def test_the_versions_a_server_holds_ready_are_read_from_its_repository_index():

@@ -60,7 +60,8 @@ def resolve_target(repository: Path, model: str | None) -> ModelTarget:
         repository, model = repository.resolve().parent, repository.resolve().name
     models = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file() or _bare_backend(p))
     if model is None:
-        candidates = _public_models({m: (repository / m / "config.pbtxt").read_bytes() for m in models}) if len(models) > 1 else models
+        configs = {m: (repository / m / "config.pbtxt").read_bytes() if (repository / m / "config.pbtxt").is_file() else b"" for m in models}
+        candidates = _public_models(configs) if len(models) > 1 else models
         if len(candidates) == 1:
             model = candidates[0]
         elif not models:
