@@ -1,13 +1,14 @@
 """Reduced precision on the CPU: the chosen candidate against the best fp32 one, in-process and served.
 
-Per model, one `aitune-export export` (a fresh process, `--precision auto`; served search off, so both sides use the in-process rules'
-configs) builds and measures every fp32 and reduced-precision candidate side by side (--int8: with generated
-samples, so INT8 candidates are built too, and the best INT8 one is compared instead of the selected one). The in-process
-ratio is the chosen candidate's best throughput over the best fp32 candidate's, from that one run. Then
-the best fp32 candidate is published from the same result beside the chosen one, both are loaded into
-one local tritonserver (stand-in backends: pip openvino / torch / onnxruntime in Triton's python backend)
-and perf_analyzer measures them at the same concurrency in alternating rounds (A B B A ...); the served
-ratio is the ratio of the medians. Timings on a shared machine move 10-30%: run it when it is quiet.
+Per model, one `aitune-export export` (a fresh process, `--precision auto`, the served search at --concurrency) builds
+and measures every fp32 and reduced-precision candidate side by side; the in-process ratio is the chosen candidate's best
+throughput over the best fp32 candidate's, from that one run. A second export with `--precision fp32` at the same load
+publishes the fp32 side, so each side is served in the config the tool publishes for it (--int8: one export with
+generated samples and the served search off, so INT8 candidates are built too, and the best INT8 one is republished
+beside the best fp32 one in the rules' configs). Both are loaded into one local tritonserver (stand-in backends: pip
+openvino / torch / onnxruntime in Triton's python backend) and perf_analyzer measures them at that concurrency on the
+profiled sample, in alternating rounds (A B B A ...); the served ratio is the ratio of the medians. Timings on a shared
+machine move 10-30%: run it when it is quiet.
 
     .venv/bin/python benchmarks/precision.py [--models cnn,transformer,resnet,encoder] [--int8] [--concurrency 8] [--rounds 4]
 
