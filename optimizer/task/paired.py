@@ -67,6 +67,10 @@ class PairedComparison:
     fastest: str = ""  # the contender with the highest median ratio
     preference: dict[str, Any] = field(default_factory=dict)  # the preferred contender weighed against the fastest, when there was one
 
+    def above_leader(self, name: str) -> bool:
+        """Whether `name`'s whole interval against the leader lies above 1: faster beyond the noise, not a tie."""
+        return (self.ratios.get(name) or [0.0] * 3)[1] > 1.0
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -221,15 +221,10 @@ class TuneStrategy(FindMaxBatchSizeMixin, ABC):
         if best is None or settled is None or best.name != settled.leader:
             return best, why
         winner = next((c for c in passed if c.name == settled.winner), best)
-        gated = ""
-        above_leader = (settled.ratios.get(winner.name) or [0.0, 0.0, 0.0])[1] > 1.0  # its whole interval above `best`, which beats eager
-        if self.eager_gate == "enabled" and winner is not best and not above_leader and self._beats_eager(winner, eager) is False:
-            # the gate still holds: a tie never publishes a candidate slower than eager
-            gated = (f"; {winner.name} is not published: its separate measurement ({self._fmt(self._metric(winner))}) did not beat "
-                     f"eager ({self._fmt(self._metric(eager))}) and the paired interval does not put it above {best.name}")
-            winner = best
-        if winner is best:
-            return best, f"{why}; {settled.summary}{gated}"
+        gated = winner is not best and self.eager_gate == "enabled" and not settled.above_leader(winner.name) and self._beats_eager(winner, eager) is False
+        if winner is best or gated:  # the gate holds: a tie never publishes a candidate slower than eager, and the reason says so
+            return best, f"{why}; {settled.summary}" + (f"; {winner.name} is not published: its separate measurement ({self._fmt(self._metric(winner))}) "
+                                                        f"did not beat eager and the paired interval does not put it above {best.name}" if gated else "")
         return winner, f"{settled.summary} (the separate measurements said: {why})"
 
     def _select_ranked(self, passed: list[Candidate], eager: Candidate | None, warnings: list[str]) -> tuple[Candidate | None, str]:
