@@ -248,7 +248,7 @@ def _onnx_model(path: Path, nodes, inputs, outputs, initializers=()) -> None:
 
 
 @pytest.mark.slow
-def test_the_onnxruntime_stand_in_completes_and_checks_configs_as_the_native_backend_does(tmp_path: Path):
+def test_the_onnxruntime_stand_in_completes_configs_and_takes_optional_inputs_as_the_native_backend_does(tmp_path: Path):
     """Triton's own kinds of config the native backend loads: none at all (it fills max_batch_size 4 and a dynamic
     batcher when every first axis is variable), and an optional input that the graph gives a default (an overridable
     initializer), which a request may leave out. Validate once refused the first ("holds 0 models"), the stand-in served a config of only name and backend unbatched, and

@@ -109,8 +109,8 @@ class TritonPythonModel:
         _check_io(args["model_name"], cfg, self.session.get_outputs(), "output", self.batching)
         self.inputs = [i["name"] for i in cfg["input"]]
         self.optional = {i["name"] for i in cfg["input"] if i.get("optional")}
-        self.scalars = {t.name: [int(d) for d in (spec.get("reshape", {}) or {}).get("shape", spec["dims"])] or [1]
-                        for t in self.session.get_outputs() if not t.shape for spec in cfg["output"] if spec["name"] == t.name}
+        specs = {o["name"]: o for o in cfg["output"]}
+        self.scalars = {t.name: _config_dims(specs[t.name]) or [1] for t in self.session.get_outputs() if not t.shape and t.name in specs}
         self.outputs = [(o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in cfg["output"]]
         pb_utils.Logger.log_info(
             f"stand-in onnxruntime backend: {_model_path(args, cfg)} onnxruntime {ort.__version__} "
@@ -118,8 +118,7 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        feeds = [{n: _text_in(t.as_numpy()) for n in self.inputs
-                  if (t := pb_utils.get_input_tensor_by_name(r, n)) is not None or n not in self.optional} for r in requests]
+        feeds = [self._feed(r) for r in requests]
         try:
             results = _run_batched(self._run, feeds, self.batching)
         except Exception as err:  # one bad batch fails its requests, not the model
@@ -128,6 +127,16 @@ class TritonPythonModel:
             pb_utils.InferenceResponse([pb_utils.Tensor(n, _text_out(np.ascontiguousarray(v).astype(dt, copy=False))) for (n, dt), v in zip(self.outputs, outs)])
             for outs in results
         ]
+
+    def _feed(self, request):
+        """The request's inputs by name; an optional input it leaves out is left to the graph's default."""
+        feed = {}
+        for n in self.inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, n)
+            if tensor is None and n in self.optional:
+                continue
+            feed[n] = _text_in(tensor.as_numpy())
+        return feed
 
     def _run(self, feed):
         outs = self.session.run([n for n, _ in self.outputs], feed)
@@ -150,6 +159,11 @@ def _text_out(array):
     return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(array)
 
 
+def _config_dims(spec):
+    """A config tensor's shape as the model sees it: its reshape when it has one, else its dims (no batch axis)."""
+    return [int(d) for d in (spec.get("reshape", {}) or {}).get("shape", spec["dims"])]
+
+
 def _check_io(model, cfg, model_tensors, kind, batching):
     """Refuse to load a config the model contradicts, as the native backend does: names, dtypes, rank, fixed dims."""
     have = {t.name: t for t in model_tensors}
@@ -167,7 +181,7 @@ def _check_io(model, cfg, model_tensors, kind, batching):
             raise pb_utils.TritonModelException(
                 f"unable to load model '{model}', configuration expects datatype {spec['data_type']} for {kind} '{name}', model provides {wanted}")
         model_shape = [d if isinstance(d, int) else -1 for d in tensor.shape]
-        dims = [int(d) for d in (spec.get("reshape", {}) or {}).get("shape", spec["dims"])]
+        dims = _config_dims(spec)
         if not model_shape:  # a scalar in the model: the config may only say 1s
             if any(d != 1 for d in dims):
                 raise pb_utils.TritonModelException(
