@@ -321,6 +321,10 @@ def report_command(report_json: str, output_dir: str | None) -> None:
               help="Protocol perf_analyzer uses (and, with --url, the answer check); a local server is checked over both.")
 @click.option("--concurrency", default="auto", show_default=True, metavar="START:END[:STEP]",
               help="perf_analyzer's concurrency sweep; auto: 1:8, or four levels up to the export's served-search concurrency.")
+@click.option("--measurement-interval", "measurement_interval_ms", type=click.IntRange(100, 600_000), default=1500, show_default=True,
+              metavar="MS", help="perf_analyzer's shortest measurement window in milliseconds (its -p; a slow model gets longer ones, "
+                                 "so a window holds enough requests); a level is stable when three windows agree. Short windows "
+                                 "make a quick smoke check of a repository, long ones a steadier figure.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Folder for validation.json; its report.json (the export's) supplies samples and the prediction "
                    "(default: the export's report folder, else aitune-reports/NAME beside REPO).")
@@ -330,7 +334,7 @@ def report_command(report_json: str, output_dir: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the validation record (validation.json) on stdout.")
 @click.pass_context
 def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, local: bool, protocol: str, concurrency: str,
-             report_dir: str | None, cache_dir: str | None, as_json: bool) -> None:
+             measurement_interval_ms: int, report_dir: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Load REPO's model into a real Triton, check its answers over HTTP and gRPC and measure it with perf_analyzer.
 
     REPO is a model repository folder, or one in object storage: s3://BUCKET/PREFIX (endpoint and credentials as for
@@ -347,6 +351,7 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
         _fail(SettingsError("give either --url HOST:PORT (a running server) or --local (start one), not both."))
     with choose_progress(ctx.obj["verbosity"]) as progress:  # on stderr: stdout stays for results
         record = _run_guarded(lambda: run_validate(repository_argument(repo, "REPO"), model, url=url, protocol=protocol, concurrency=concurrency,
+                                                   measurement_interval_ms=measurement_interval_ms,
                                                    report_dir=Path(report_dir) if report_dir else None, on_event=progress,
                                                    cache_dir=cache_dir))
     if as_json:

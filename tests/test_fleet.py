@@ -348,7 +348,7 @@ def test_a_ray_plan_publishes_into_s3_and_tritonserver_answers_both_from_there(i
     assert {"mlp/config.pbtxt", "mlp/1/model.pt", "pair/config.pbtxt", "pair/1/model.pt"} <= keys
     assert not (in_tmp / "model_repository").exists()
     for name in ("mlp", "pair"):
-        v = run_cli("validate", url, "--model", name, "--concurrency", "1:1", "--report", str(in_tmp / DEFAULT_REPORT_DIR / name),
+        v = run_cli("validate", url, "--model", name, "--concurrency", "1:1", "--measurement-interval", "300", "--report", str(in_tmp / DEFAULT_REPORT_DIR / name),
                     cwd=in_tmp, env=env, timeout=300)
         assert v.returncode == 0, v.stdout + v.stderr
         record = json.loads((in_tmp / DEFAULT_REPORT_DIR / name / "validation.json").read_text())

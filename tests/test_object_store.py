@@ -291,7 +291,7 @@ def test_export_publishes_into_s3_and_tritonserver_serves_it_from_there(s3: Moto
     assert f"published {url}/cnn (version 1)" in r.stdout
     assert sorted(k.rsplit("/", 1)[-1] for k in s3.objects(bucket)) == [MANIFEST, "config.pbtxt", "model.onnx"]
     assert not (tmp_path / "model_repository").exists()  # nothing published locally
-    r = run_cli("validate", url, "--concurrency", "1:1", cwd=tmp_path, env=env)
+    r = run_cli("validate", url, "--concurrency", "1:1", "--measurement-interval", "300", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     record = json.loads((tmp_path / "aitune-reports" / "cnn" / "validation.json").read_text())
     assert record["status"] == "passed" and record["loaded"] and record["repository"] == url

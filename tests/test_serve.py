@@ -79,7 +79,7 @@ def test_an_export_to_object_storage_is_served_from_there_and_validated_by_url(i
     assert r.returncode == 0, r.stderr
     proc, http, _ = start_serve(url, in_tmp)
     try:
-        v = run_cli("validate", url, "--url", f"127.0.0.1:{http}", "--concurrency", "1:2", "--json", cwd=in_tmp, timeout=300)
+        v = run_cli("validate", url, "--url", f"127.0.0.1:{http}", "--concurrency", "1:2", "--measurement-interval", "300", "--json", cwd=in_tmp, timeout=300)
     finally:
         code = stop_serve(proc)
     assert v.returncode == 0, v.stderr

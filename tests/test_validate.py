@@ -19,6 +19,8 @@ from tests.conftest import run_cli, tree_snapshot
 from tests.test_triton_server import write_double_model
 
 EXPORT = ("export", "--max-batch-size", "2", "--eager-gate", "disabled")
+QUICK = ("--measurement-interval", "300")
+"""Short perf_analyzer windows for the cases that check loading and answers, not the figures: a smoke check's setting."""
 
 
 def _record(folder: Path) -> dict:
@@ -106,7 +108,7 @@ def test_wrong_dims_fail_with_tritons_message(ort_export, ts_export: Path, work:
         out = work / f"out_{source.parent.name}"
         out.mkdir()
         shutil.copy(report / "report.json", out)  # the export's samples, without touching its validation.json
-        r = run_cli("validate", str(repo), "--report", str(out), "--concurrency", "1", cwd=work)
+        r = run_cli("validate", str(repo), "--report", str(out), "--concurrency", "1", *QUICK, cwd=work)
         assert r.returncode == 1, r.stderr
         error = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
         assert len(error) == 1 and expected in error[0], r.stderr
@@ -198,7 +200,7 @@ output {{ name: "y" data_type: TYPE_FP32 dims: [-1, 3] }}
 instance_group {{ count: 1 kind: KIND_CPU }}
 """
     write_double_model(tmp_path / "repo", config=config)
-    r = run_cli("validate", str(tmp_path / "repo" / "double"), "--concurrency", "1", "--json", cwd=tmp_path)  # REPO may be the model folder
+    r = run_cli("validate", str(tmp_path / "repo" / "double"), "--concurrency", "1", *QUICK, "--json", cwd=tmp_path)  # REPO may be the model folder
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["status"] == "passed" and record["oversize"] is None  # nothing to refuse without a batch axis
@@ -226,12 +228,13 @@ def test_a_string_model_like_tritons_own_is_served_answered_and_measured(tmp_pat
         'name: "simple_identity"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
         'input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]\n')
-    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1:2", "--json", cwd=tmp_path)
+    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1:2", *QUICK, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["status"] == "passed" and all(a["passed"] for a in record["answers"])
     assert record["oversize"]["refused"] and "must be <= 8" in record["oversize"]["message"]
     assert [row["concurrency"] for row in record["perf"]["rows"]] == [1, 2]
+    assert 300 <= record["perf"]["settings"]["measurement_interval_ms"] < 1500  # --measurement-interval reached perf_analyzer
     data = json.loads((tmp_path / "aitune-reports" / "simple_identity" / "perf_analyzer_input.json").read_text())["data"]
     assert data[0]["INPUT0"] == {"content": ["aitune"], "shape": [1]}  # BYTES go to perf_analyzer as strings
 
@@ -272,7 +275,7 @@ def test_the_onnxruntime_stand_in_completes_configs_and_takes_optional_inputs_as
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] },\n'
         '        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1, 16 ] optional: true } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]\n')
-    r = run_cli("validate", str(repo), "--model", "autofill", "--concurrency", "1", "--json", cwd=tmp_path)
+    r = run_cli("validate", str(repo), "--model", "autofill", "--concurrency", "1", *QUICK, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["oversize"]["refused"] and "must be <= 4" in record["oversize"]["message"]  # served batched, as natively
@@ -312,7 +315,7 @@ def test_an_ensemble_of_two_steps_on_stand_ins_says_so_in_its_verdict(tmp_path: 
         'ensemble_scheduling { step [\n'
         '  { model_name: "double" model_version: -1 input_map { key: "X" value: "IN" } output_map { key: "Y" value: "mid" } },\n'
         '  { model_name: "negate" model_version: -1 input_map { key: "X" value: "mid" } output_map { key: "Y" value: "OUT" } } ] }\n')
-    r = run_cli("validate", str(repo), "--model", "pipeline", "--concurrency", "1", "--json", cwd=tmp_path)
+    r = run_cli("validate", str(repo), "--model", "pipeline", "--concurrency", "1", *QUICK, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["stand_in"] and "'double', 'negate' run on a stand-in backend" in record["served_by"], record["served_by"]
@@ -356,7 +359,7 @@ input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """)
-    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1", "--json", cwd=tmp_path)
+    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1", *QUICK, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["status"] == "passed" and [a["passed"] for a in record["answers"]] == [True, True]
@@ -387,7 +390,7 @@ def test_a_decoupled_model_is_not_validated_and_the_reason_says_how_to_measure_i
     (tmp_path / "repo" / "repeat" / "config.pbtxt").write_text(
         'name: "repeat"\nbackend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
         'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\noutput [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
-    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1", "--json", cwd=tmp_path)
+    r = run_cli("validate", str(tmp_path / "repo"), "--concurrency", "1", *QUICK, "--json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     record = json.loads(r.stdout)
     assert record["status"] == "not validated" and record["loaded"] and record["perf"] is None

@@ -38,6 +38,7 @@ def validate(
     url: str | None = None,
     protocol: str = "http",
     concurrency: str | None = None,
+    measurement_interval_ms: int | None = None,
     report_dir: Path | None = None,
     perf_settings: PerfSettings | None = None,
     on_event: EventSink = ignore,
@@ -52,6 +53,8 @@ def validate(
             checked over the other protocol.
         concurrency: perf_analyzer's sweep, START:END[:STEP]; None or "auto": 1:8, or four levels up to the
             export's served-search concurrency when the export measured one (so the prediction is compared there).
+        measurement_interval_ms: perf_analyzer's shortest window (-p; checks.window_for lengthens it for a slow model);
+            None: PerfSettings' default.
         report_dir: where validation.json goes, and where the export's report.json is looked for first.
         on_event: progress ("validate" phase events: start, progress per check, done or failed).
         cache_dir: the run's cache root (--cache-dir); the local server's home is prepared under it (None: machine.cache_root()).
@@ -70,6 +73,8 @@ def validate(
     reference = load_export_reference(report_path) if report_path else None
     sweep = default_sweep(reference) if concurrency in (None, "auto") else ConcurrencyRange.parse(concurrency)
     settings = perf_settings or PerfSettings(concurrency=sweep, protocol=protocol)
+    if measurement_interval_ms is not None:
+        settings = replace(settings, measurement_interval_ms=measurement_interval_ms)
     folder = output_folder(target, report_dir, report_path)
     t0 = time.monotonic()
     record = ValidationRecord(
