@@ -124,13 +124,11 @@ def test_wrong_artifacts_are_rejected_with_their_error_and_nothing_is_published(
         assert cand["correctness"]["max_abs"] > 0.1
 
 
-def test_unseeded_factory_uses_the_parents_weights(in_tmp: Path):
-    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "4", cwd=in_tmp)
-    assert r.returncode == 0, r.stderr
-
-
-def test_existing_model_is_never_damaged(in_tmp: Path):
-    args = ("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--max-batch-size", "2", "--eager-gate", "disabled")
+def test_existing_model_is_never_damaged_and_an_identical_rerun_comes_from_the_cache(in_tmp: Path):
+    # seeded: the same weights on every call, so the identical runs below hit the cache (an unseeded model, whose
+    # candidates must reuse the parent's weights, is exported by tests/test_served_search.py and others)
+    args = ("export", "tests.fixtures.models:seeded_mlp", "--backend", "onnxruntime", "--max-batch-size", "2", "--eager-gate", "disabled",
+            "--cache-dir", str(in_tmp / "cache"))
     assert run_cli(*args, cwd=in_tmp).returncode == 0
     repo = in_tmp / "model_repository"
     before = tree_snapshot(repo)
@@ -139,11 +137,15 @@ def test_existing_model_is_never_damaged(in_tmp: Path):
     assert tree_snapshot(repo) == before
     r = run_cli(*args, "--version", "2", cwd=in_tmp)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in (repo / "mlp").iterdir()) == ["1", "2", "config.pbtxt"]
-    assert "version_policy" in (repo / "mlp" / "config.pbtxt").read_text()
-    r = run_cli(*args, "--overwrite", cwd=in_tmp)
+    assert "reused the cached build" in r.stderr  # the same model and settings: nothing is built again
+    report = in_tmp / "aitune-reports" / "seeded_mlp" / "report.json"
+    assert _report(report)["result"]["candidates"][0]["cached"] in ("build", "build+measure")
+    assert sorted(p.name for p in (repo / "seeded_mlp").iterdir()) == ["1", "2", "config.pbtxt"]
+    assert "version_policy" in (repo / "seeded_mlp" / "config.pbtxt").read_text()
+    r = run_cli(*args, "--overwrite", "--no-cache", cwd=in_tmp)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in (repo / "mlp").iterdir()) == ["1", "config.pbtxt"]
+    assert "reused" not in r.stderr and _report(report)["result"]["candidates"][0]["cached"] == ""
+    assert sorted(p.name for p in (repo / "seeded_mlp").iterdir()) == ["1", "config.pbtxt"]
     assert not any(p.name.startswith(".") for p in repo.iterdir())
 
 
