@@ -461,7 +461,7 @@ def test_a_search_record_round_trips():
 # -- for real --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.long  # the same chain as the torch-aoti case below, through the onnxruntime stand-in; make test-long runs it
 def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Path):
     """The load given: each variant is measured there; the published config is one of them, validate tests a prediction
     at loads the search did not measure apart from repeating the ones it did. (The
@@ -499,20 +499,42 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
 
 
 @pytest.mark.slow
-def test_torch_aoti_is_searched_and_validated_locally_through_the_pytorch_stand_in(in_tmp: Path):
+def test_torch_aoti_is_searched_at_the_load_given_and_validated_locally_through_the_pytorch_stand_in(in_tmp: Path):
+    """The load given: each variant is measured there; the published config is one of them; validate (through the
+    pytorch stand-in, Triton 2.51 has no torch_aoti) tests a prediction at loads the search did not measure apart from
+    repeating the one it did."""
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "torch-aoti", "--eager-gate", "disabled", "--max-batch-size", "8",
-                "--concurrency", "4", "--serve-search-seconds", "15", "--validate", "--validate-concurrency", "4", cwd=in_tmp,
-                serve_search=True)
+                "--concurrency", "4", "--serve-search-seconds", "20", "--validate", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     config = parse((in_tmp / "model_repository" / "mlp__positional" / "config.pbtxt").read_text())  # behind the ensemble mlp
     assert config.platform == "torch_aoti"  # the published config is for Triton 26.03+, unchanged by the local translation
     doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
-    search = doc["published"]["served_search"]
-    assert search["status"] == "searched" and search["stand_in"] and "no platform 'torch_aoti'" in search["served_by"]
+    search = ServedSearch.from_json(doc["published"]["served_search"])
+    assert search.status == "searched", search.reason
+    assert search.objective == "concurrency" and search.stand_in and "no platform 'torch_aoti'" in search.served_by
+    assert search.variants[0].stage == "start"
+    measured = [v for v in search.variants if v.status == "measured"]
+    assert len(measured) >= 2 and all(v.curve and v.throughput and v.p95_ms for v in measured)
+    assert all(v.concurrency == 4 for v in measured if v.stage != "base")  # the load given, and only it
+    chosen = search.chosen_variant
+    assert chosen is not None and chosen.point == search.chosen and chosen.differs == {} and search.concurrency == chosen.concurrency
+    assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances) and config.max_batch_size <= 8
+    assert list(config.dynamic_batching.preferred_batch_size) == list(search.chosen.preferred)
+    assert config.dynamic_batching.max_queue_delay_microseconds == search.chosen.queue_delay_us
+    assert "served search for the most throughput at concurrency 4" in r.stdout
+    report_md = (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
+    assert "Chosen for the most throughput at concurrency 4" in report_md and (in_tmp / "aitune-reports" / "mlp" / "served_search.png").is_file()
     validation = json.loads((in_tmp / "aitune-reports" / "mlp" / "validation.json").read_text())
     assert validation["status"] == "passed" and validation["stand_in"], validation["reason"]
     assert all(a["passed"] and a["compared_with"] == "reference" for a in validation["answers"])
     assert any("no platform 'torch_aoti'" in n for n in validation["notes"])
+    assert validation["predictions"] and validation["repeatability"]  # both kinds of load were swept
+    assert search.protocol == "grpc" and validation["perf"]["settings"]["protocol"] == "grpc"  # like with like
+    assert not any("measured over" in n for n in validation["notes"])
+    searched = {lv.concurrency for v in search.variants if v.point == search.chosen for lv in v.curve}
+    assert all(p["concurrency"] not in searched for p in validation["predictions"])
+    assert all(rp["concurrency"] in searched for rp in validation["repeatability"])
+    assert validation["throughput_ratio"] is not None and "served / predicted at loads the served search did not measure" in r.stdout
     assert "[stand-in backend]" in r.stdout
 
 
