@@ -441,9 +441,34 @@ def _print_validation(record: Any) -> None:
 
 
 def run() -> None:
-    """Console entry point (kept separate so `main` stays a click group for tests)."""
-    main()
+    """The console script: `main`, then an exit that skips the interpreter's teardown.
+
+    Finalizing the modules torch, onnxruntime and OpenVINO load took 1-2 s of CPU after an export's last line here (0.8 s
+    for `import torch` alone). What must happen at exit still does, in the interpreter's own order: thread and process
+    pools are shut down and other threads joined (threading._shutdown, which Python's finalization calls), then the
+    atexit handlers run (logging, multiprocessing's children and fork server, temporary folders), then os._exit.
+    """
+    import atexit
+    import os
+    import threading
+
+    try:
+        main()
+        code: Any = 0
+    except SystemExit as done:  # click ends every standalone run this way
+        code = done.code
+    if code is not None and not isinstance(code, int):  # sys.exit("text"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    getattr(threading, "_shutdown", lambda: None)()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`aitune-export ... | head`)
+            pass
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":
-    main()
+    run()
