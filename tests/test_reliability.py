@@ -42,7 +42,7 @@ def test_a_segfaulting_candidate_is_a_failed_candidate(in_tmp: Path):
 def test_a_hanging_candidate_is_stopped_at_the_build_timeout(in_tmp: Path):
     t0 = time.monotonic()
     r = run_cli("export", "tests.fixtures.models:hangs_when_exported", "--backend", "onnxruntime", "--backend", "torchscript",
-                "--max-batch-size", "2", "--eager-gate", "disabled", "--no-cache", "--build-timeout", "20", cwd=in_tmp)
+                "--max-batch-size", "2", "--eager-gate", "disabled", "--no-cache", "--build-timeout", "12", cwd=in_tmp)
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 600
     cands = _by_backend(_result(in_tmp, "hangs_when_exported"))
