@@ -234,9 +234,33 @@ def test_a_string_model_like_tritons_own_is_served_answered_and_measured(tmp_pat
     assert record["status"] == "passed" and all(a["passed"] for a in record["answers"])
     assert record["oversize"]["refused"] and "must be <= 8" in record["oversize"]["message"]
     assert [row["concurrency"] for row in record["perf"]["rows"]] == [1, 2]
-    assert 300 <= record["perf"]["settings"]["measurement_interval_ms"] < 1500  # --measurement-interval reached perf_analyzer
     data = json.loads((tmp_path / "aitune-reports" / "simple_identity" / "perf_analyzer_input.json").read_text())["data"]
     assert data[0]["INPUT0"] == {"content": ["aitune"], "shape": [1]}  # BYTES go to perf_analyzer as strings
+
+
+def test_the_measurement_interval_given_is_the_shortest_window_perf_analyzer_gets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """--measurement-interval reaches validate, and a slow model's window is only ever lengthened from it."""
+    from click.testing import CliRunner
+
+    import optimizer.triton.validation as validation
+    from optimizer.cli import main
+    from optimizer.triton.perf_analyzer import PerfSettings
+    from optimizer.triton.validation.checks import window_for
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_validate(repository, model=None, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(validation, "validate", fake_validate)
+    CliRunner().invoke(main, ["validate", str(tmp_path), "--measurement-interval", "300"])
+    assert seen["measurement_interval_ms"] == 300
+    short = PerfSettings(measurement_interval_ms=300)
+    assert window_for(short, 1.0) == 300 and window_for(short, 50.0) == 1000  # 20 requests of 50 ms need a 1 s window
 
 
 def _onnx_model(path: Path, nodes, inputs, outputs, initializers=()) -> None:
