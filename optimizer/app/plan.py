@@ -129,6 +129,14 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
     """Check every setting once and return the plan; `publishing=False` (inspect) skips the publish-side checks
     (and shows a release mismatch of an explicit --backend instead of refusing it)."""
     device = Device.parse(settings.device)
+    # the checks that read only the settings first: a bad flag is refused before the release gate imports the toolchain (torch)
+    settings.check_serving()
+    if settings.samples and not Path(settings.samples).exists():
+        raise SettingsError(f"--samples file {settings.samples!r} does not exist; give an .npz with one array per input.")
+    if settings.calibration_samples and not Path(settings.calibration_samples).exists():
+        raise SettingsError(f"--calibration-samples file {settings.calibration_samples!r} does not exist; give an .npz with one array per input.")
+    if settings.workflow == "jit" and not settings.samples:
+        raise SettingsError("--workflow jit measures only the batch sizes recorded in --samples; add --samples FILE.npz.")
     gate = build_release_gate(settings)
     plan = RunPlan(
         settings=settings,
@@ -144,15 +152,8 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         accuracy=parse_budget(settings.accuracy_budget, settings.accuracy_check),
     )
     check_precision(settings.precision, plan.device, real_samples=bool(settings.samples or settings.calibration_samples))
-    if settings.calibration_samples and not Path(settings.calibration_samples).exists():
-        raise SettingsError(f"--calibration-samples file {settings.calibration_samples!r} does not exist; give an .npz with one array per input.")
     if settings.accuracy_check:
         load_check(settings.accuracy_check)  # importable now; whether it answers sensibly is tried on the reference
-    settings.check_serving()
-    if settings.samples and not Path(settings.samples).exists():
-        raise SettingsError(f"--samples file {settings.samples!r} does not exist; give an .npz with one array per input.")
-    if settings.workflow == "jit" and not settings.samples:
-        raise SettingsError("--workflow jit measures only the batch sizes recorded in --samples; add --samples FILE.npz.")
     if not publishing:
         return plan
     _check_explicit_backends(settings, gate)
