@@ -461,33 +461,27 @@ def test_a_search_record_round_trips():
 # -- for real --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.long  # the same chain as the torch-aoti case below, through the onnxruntime stand-in; make test-long runs it
-def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Path):
-    """The load given: each variant is measured there; the published config is one of them, validate tests a prediction
-    at loads the search did not measure apart from repeating the ones it did. (The
-    sweep of the no-load objective is tested against a made-up server above: on the test MLP its high concurrencies
-    made perf_analyzer run past its 120 s limit on a quiet 2-core machine.)"""
-    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "8",
-                "--serve-search-seconds", "40", "--validate", cwd=in_tmp, serve_search=True)
-    assert r.returncode == 0, r.stderr
-    doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
-    search = ServedSearch.from_json(doc["published"]["served_search"])
+def _searched_at_the_given_load_and_validated(run_dir: Path, stdout: str, config, concurrency: int) -> tuple[ServedSearch, dict]:
+    """An export with --concurrency and --validate: each variant was measured at that load only, the published `config`
+    is the chosen variant, and validate tested a prediction at loads the search did not measure apart from repeating the
+    ones it did. Returns the search and validation.json for the backend's own checks."""
+    reports = run_dir / "aitune-reports" / "mlp"
+    search = ServedSearch.from_json(json.loads((reports / "report.json").read_text())["published"]["served_search"])
     assert search.status == "searched", search.reason
-    assert search.objective == "concurrency" and search.stand_in and "stand-in" in search.served_by
+    assert search.objective == "concurrency" and search.stand_in
     assert search.variants[0].stage == "start"
     measured = [v for v in search.variants if v.status == "measured"]
     assert len(measured) >= 2 and all(v.curve and v.throughput and v.p95_ms for v in measured)
-    assert all(v.concurrency == 8 for v in measured if v.stage != "base")  # the load given, and only it
+    assert all(v.concurrency == concurrency for v in measured if v.stage != "base")  # the load given, and only it
     chosen = search.chosen_variant
     assert chosen is not None and chosen.point == search.chosen and chosen.differs == {} and search.concurrency == chosen.concurrency
-    config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
     assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances)
     assert list(config.dynamic_batching.preferred_batch_size) == list(search.chosen.preferred)
     assert config.dynamic_batching.max_queue_delay_microseconds == search.chosen.queue_delay_us
-    assert "served search for the most throughput at concurrency 8" in r.stdout
-    report_md = (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
-    assert "Chosen for the most throughput at concurrency 8" in report_md and (in_tmp / "aitune-reports" / "mlp" / "served_search.png").is_file()
-    validation = json.loads((in_tmp / "aitune-reports" / "mlp" / "validation.json").read_text())
+    assert f"served search for the most throughput at concurrency {concurrency}" in stdout
+    report_md = (reports / "report.md").read_text()
+    assert f"Chosen for the most throughput at concurrency {concurrency}" in report_md and (reports / "served_search.png").is_file()
+    validation = json.loads((reports / "validation.json").read_text())
     assert validation["status"] == "passed", validation["reason"]
     assert validation["predictions"] and validation["repeatability"]  # both kinds of load were swept
     assert search.protocol == "grpc" and validation["perf"]["settings"]["protocol"] == "grpc"  # like with like
@@ -495,47 +489,38 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
     searched = {lv.concurrency for v in search.variants if v.point == search.chosen for lv in v.curve}
     assert all(p["concurrency"] not in searched for p in validation["predictions"])
     assert all(rp["concurrency"] in searched for rp in validation["repeatability"])
-    assert validation["throughput_ratio"] is not None and "served / predicted at loads the served search did not measure" in r.stdout
+    assert validation["throughput_ratio"] is not None and "served / predicted at loads the served search did not measure" in stdout
+    return search, validation
+
+
+@pytest.mark.long  # the same chain as the torch-aoti case below, through the onnxruntime stand-in; make test-long runs it
+def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Path):
+    """The load given, through the onnxruntime stand-in (see _searched_at_the_given_load_and_validated). (The
+    sweep of the no-load objective is tested against a made-up server above: on the test MLP its high concurrencies
+    made perf_analyzer run past its 120 s limit on a quiet 2-core machine.)"""
+    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "8",
+                "--serve-search-seconds", "40", "--validate", cwd=in_tmp, serve_search=True)
+    assert r.returncode == 0, r.stderr
+    config = parse((in_tmp / "model_repository" / "mlp" / "config.pbtxt").read_text())
+    search, _ = _searched_at_the_given_load_and_validated(in_tmp, r.stdout, config, 8)
+    assert "stand-in" in search.served_by
 
 
 @pytest.mark.slow
 def test_torch_aoti_is_searched_at_the_load_given_and_validated_locally_through_the_pytorch_stand_in(in_tmp: Path):
-    """The load given: each variant is measured there; the published config is one of them; validate (through the
-    pytorch stand-in, Triton 2.51 has no torch_aoti) tests a prediction at loads the search did not measure apart from
-    repeating the one it did."""
+    """The load given, through the pytorch stand-in (Triton 2.51 has no torch_aoti; see
+    _searched_at_the_given_load_and_validated)."""
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "torch-aoti", "--eager-gate", "disabled", "--max-batch-size", "8",
                 "--concurrency", "4", "--serve-search-seconds", "35", "--validate", "--validate-concurrency", "2:4:2", cwd=in_tmp,
                 serve_search=True)  # validate at 2, a prediction (the search measures 4, and 1 for the prediction's anchor when time is left), and at 4, a repeat
     assert r.returncode == 0, r.stderr
     config = parse((in_tmp / "model_repository" / "mlp__positional" / "config.pbtxt").read_text())  # behind the ensemble mlp
     assert config.platform == "torch_aoti"  # the published config is for Triton 26.03+, unchanged by the local translation
-    doc = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
-    search = ServedSearch.from_json(doc["published"]["served_search"])
-    assert search.status == "searched", search.reason
-    assert search.objective == "concurrency" and search.stand_in and "no platform 'torch_aoti'" in search.served_by
-    assert search.variants[0].stage == "start"
-    measured = [v for v in search.variants if v.status == "measured"]
-    assert len(measured) >= 2 and all(v.curve and v.throughput and v.p95_ms for v in measured)
-    assert all(v.concurrency == 4 for v in measured if v.stage != "base")  # the load given, and only it
-    chosen = search.chosen_variant
-    assert chosen is not None and chosen.point == search.chosen and chosen.differs == {} and search.concurrency == chosen.concurrency
-    assert (config.max_batch_size, config.instance_group[0].count) == (search.chosen.max_batch_size, search.chosen.instances) and config.max_batch_size <= 8
-    assert list(config.dynamic_batching.preferred_batch_size) == list(search.chosen.preferred)
-    assert config.dynamic_batching.max_queue_delay_microseconds == search.chosen.queue_delay_us
-    assert "served search for the most throughput at concurrency 4" in r.stdout
-    report_md = (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
-    assert "Chosen for the most throughput at concurrency 4" in report_md and (in_tmp / "aitune-reports" / "mlp" / "served_search.png").is_file()
-    validation = json.loads((in_tmp / "aitune-reports" / "mlp" / "validation.json").read_text())
-    assert validation["status"] == "passed" and validation["stand_in"], validation["reason"]
-    assert all(a["passed"] and a["compared_with"] == "reference" for a in validation["answers"])
+    assert config.max_batch_size <= 8
+    search, validation = _searched_at_the_given_load_and_validated(in_tmp, r.stdout, config, 4)
+    assert "no platform 'torch_aoti'" in search.served_by
+    assert validation["stand_in"] and all(a["passed"] and a["compared_with"] == "reference" for a in validation["answers"])
     assert any("no platform 'torch_aoti'" in n for n in validation["notes"])
-    assert validation["predictions"] and validation["repeatability"]  # both kinds of load were swept
-    assert search.protocol == "grpc" and validation["perf"]["settings"]["protocol"] == "grpc"  # like with like
-    assert not any("measured over" in n for n in validation["notes"])
-    searched = {lv.concurrency for v in search.variants if v.point == search.chosen for lv in v.curve}
-    assert all(p["concurrency"] not in searched for p in validation["predictions"])
-    assert all(rp["concurrency"] in searched for rp in validation["repeatability"])
-    assert validation["throughput_ratio"] is not None and "served / predicted at loads the served search did not measure" in r.stdout
     assert "[stand-in backend]" in r.stdout
 
 

@@ -238,7 +238,7 @@ def test_a_string_model_like_tritons_own_is_served_answered_and_measured(tmp_pat
     assert data[0]["INPUT0"] == {"content": ["aitune"], "shape": [1]}  # BYTES go to perf_analyzer as strings
 
 
-def test_the_measurement_interval_given_is_the_shortest_window_perf_analyzer_gets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_the_measurement_interval_reaches_validate_and_a_slow_models_window_only_grows_from_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """--measurement-interval reaches validate, and a slow model's window is only ever lengthened from it."""
     from click.testing import CliRunner
 
