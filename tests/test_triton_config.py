@@ -265,6 +265,9 @@ CASES: list[tuple[str, str, str, Callable[[Any], Any] | None, ArtifactFacts, str
      "unexpected platform type 'openvino' for m"),
     ("platform_backend", "pair", "onnxruntime_onnx", lambda c: setattr(c, "backend", "pytorch"), OK_FACTS,
      "unexpected 'platform' and 'backend' pair, got:onnxruntime_onnx, pytorch"),
+    # core takes the backend from default_model_filename too (AutoCompleteBackendFields): model.onnx names onnxruntime, before pytorch_libtorch
+    ("platform_backend", "default_file", "pytorch_libtorch", lambda c: setattr(c, "default_model_filename", "model.onnx"), OK_FACTS,
+     "unexpected 'platform' and 'backend' pair, got:pytorch_libtorch, onnxruntime"),
     ("max_batch_size", "negative", "onnxruntime_onnx", lambda c: (setattr(c, "max_batch_size", -1), c.ClearField("dynamic_batching")), OK_FACTS,
      "'max_batch_size' must be non-negative value for m"),
     ("version_policy", "specific", "onnxruntime_onnx", lambda c: c.version_policy.specific.versions.append(7), OK_FACTS,
@@ -544,6 +547,14 @@ FIXED: list[tuple[str, str, Callable[[Any], Any], ArtifactFacts]] = [
     ("gpus_of_this_machine", "onnxruntime_onnx", lambda c: _gpu(c, 0, 1), _facts(gpu_count=2)),
     ("model_metrics", "onnxruntime_onnx", _metrics, OK_FACTS),
     ("libtorch_indexed_outputs", "pytorch_libtorch", lambda c: c.output.add(name="output__1", data_type=11, dims=[2]), OK_FACTS),
+    # core completes the backend from default_model_filename and a typed backend's platform (AutoCompleteBackendFields) before it validates
+    ("default_file_names_the_backend", "onnxruntime_onnx", lambda c: (c.ClearField("platform"), setattr(c, "default_model_filename", "model.onnx")),
+     OK_FACTS),
+    ("default_file_with_any_platform", "openvino",
+     lambda c: (c.ClearField("backend"), setattr(c, "platform", "openvino"), setattr(c, "default_model_filename", "model.xml")), OK_FACTS),
+    ("tensorrt_backend_only", "tensorrt_plan",
+     lambda c: (c.ClearField("platform"), setattr(c, "backend", "tensorrt"), c.input.add(name="shape", data_type=8, dims=[2], is_shape_tensor=True)),
+     _facts(gpu_count=1)),
 ]
 
 

@@ -66,6 +66,7 @@ FIXED_NOT_HERE = {
     "gpus_of_this_machine": "no GPU on this machine",
     "model_metrics": "Triton 2.51 has no model_metrics field",
     "ensemble_two_steps": "its second step names a model this repository does not have",
+    "tensorrt_backend_only": "KIND_GPU on GPU 0: no GPU on this machine (with KIND_CPU, which our TensorRT rule refuses, 2.51 loads it)",
 }
 
 # Text Triton's own parser refuses (no rule runs): what 2.51 says.

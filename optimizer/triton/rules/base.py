@@ -31,6 +31,13 @@ PLATFORM_BACKEND = MappingProxyType({
     "tensorflow_savedmodel": "tensorflow",
     "tensorflow_graphdef": "tensorflow",
 })
+# core AutoCompleteBackendFields, as far as the config alone decides (the version folder's files aside): a config naming no backend
+# gets the first of these whose platform or default_model_filename it names, and a typed backend's missing platform is filled in
+# (core main, 2026; 2.51 the same but for torch_aoti and model.pt2, which arrived in 26.03)
+_CORE_BACKEND_ORDER = ("tensorrt", "onnxruntime", "openvino", "pytorch", "python")
+FILE_BACKEND = MappingProxyType({**{p.model_filename: p.backend for p in PLATFORMS.values()}, "model.py": "python"})
+BACKEND_PLATFORM = MappingProxyType({"tensorrt": "tensorrt_plan", "onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"})
+_TF_FILES = MappingProxyType({"model.savedmodel": "tensorflow_savedmodel", "model.graphdef": "tensorflow_graphdef"})
 LIBTORCH_NAMED = frozenset(p.platform for p in PLATFORMS.values() if p.libtorch_io_names)  # outputs <name>__<index>
 GPU_ONLY = frozenset(p.platform for p in PLATFORMS.values() if p.gpu_only)
 
@@ -77,8 +84,8 @@ def shape_text(dims: Any) -> str:
 
 
 def is_tensorrt(config: Any) -> bool:
-    """Whether the config is a TensorRT engine's (by platform or backend)."""
-    return config.platform == "tensorrt_plan" or config.backend == "tensorrt"
+    """Whether the config is a TensorRT engine's (by platform, backend or default file)."""
+    return backend_of(config) == "tensorrt"
 
 
 def gpu_only(config: Any) -> bool:
@@ -87,8 +94,26 @@ def gpu_only(config: Any) -> bool:
 
 
 def backend_of(config: Any) -> str:
-    """The backend Triton resolves the config to: its backend, else its platform's."""
-    return config.backend or PLATFORM_BACKEND.get(config.platform, "")
+    """The backend Triton resolves the config to: its backend, else the one its platform or default_model_filename names ("" for none)."""
+    if config.backend:
+        return config.backend
+    if config.platform in PLATFORM_BACKEND and PLATFORM_BACKEND[config.platform] == "tensorflow":
+        return "tensorflow"
+    if not config.platform and config.default_model_filename in _TF_FILES:
+        return "tensorflow"
+    for backend in _CORE_BACKEND_ORDER:
+        if PLATFORM_BACKEND.get(config.platform) == backend or FILE_BACKEND.get(config.default_model_filename) == backend:
+            return backend
+    return ""
+
+
+def platform_of(config: Any) -> str:
+    """The platform core validates the config with: its platform, else the one core fills in for its backend ("" for none)."""
+    if config.platform:
+        return config.platform
+    if config.backend in ("", "tensorflow") and config.default_model_filename in _TF_FILES:
+        return _TF_FILES[config.default_model_filename]
+    return BACKEND_PLATFORM.get(backend_of(config), "")
 
 
 def element_count(dims: Any) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, ArtifactFacts, RuleViolation
+from optimizer.triton.rules.base import CORE, ArtifactFacts, RuleViolation, backend_of
 
 
 def ensemble(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
@@ -16,7 +16,7 @@ def ensemble(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     def bad(message: str, fix: str) -> list[RuleViolation]:
         return [RuleViolation("ensemble", CORE, message, fix)]
 
-    if config.platform == "ensemble" and config.backend:
+    if config.platform == "ensemble" and backend_of(config):  # a default_model_filename such as model.onnx names a backend too
         return bad(f"Ensemble model '{n}' must have platform type 'ensemble' and empty backend type", "drop backend")
     if not config.HasField("ensemble_scheduling"):
         if config.platform == "ensemble":

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, TRT, ArtifactFacts, RuleViolation, gpu_only
+from optimizer.triton.rules.base import CORE, TRT, ArtifactFacts, RuleViolation, gpu_only, platform_of
 
 
 def instance_group(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     """Core and TensorRT backend: instance kinds, GPU ids and engine profiles."""
     from tritonclient.grpc import model_config_pb2
 
-    out = []
+    out, platform = [], platform_of(config)  # core checks the platform it completed (backend "tensorrt" alone is tensorrt_plan)
     for i, g in enumerate(config.instance_group):
         name = g.name or f"{config.name}_{i}"
         kind = model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)
@@ -21,15 +21,15 @@ def instance_group(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
             out.append(RuleViolation("instance_group", CORE, f"{where} has kind {kind} but specifies one or more GPUs", "drop gpus or use KIND_GPU"))
         if g.gpus and kind == "KIND_GPU":
             out += _gpu_ids(where, list(g.gpus), facts)
-        if g.profile and config.platform != "tensorrt_plan":
+        if g.profile and platform != "tensorrt_plan":
             # sic: Triton prints no space between the platform and "specifies"
-            out.append(RuleViolation("instance_group", CORE, f"{where} and platform {config.platform}specifies profile field which is only "
+            out.append(RuleViolation("instance_group", CORE, f"{where} and platform {platform}specifies profile field which is only "
                                      "supported for TensorRT models", "drop profile"))
         for p in g.profile:
             if not re.fullmatch(r"[+-]?\d+", p.strip()):
                 out.append(RuleViolation("instance_group", CORE, f"unable to parse '{p}': stoi", "profiles are engine profile indexes: \"0\", \"1\", ..."))
             elif int(p) < 0:
-                out.append(RuleViolation("instance_group", CORE, f"{where} and platform {config.platform} specifies invalid profile {p}. "
+                out.append(RuleViolation("instance_group", CORE, f"{where} and platform {platform} specifies invalid profile {p}. "
                                          "The field should contain the string representation of a non-negative integer.", "use \"0\", \"1\", ..."))
             elif facts.engine_profile_count is not None and int(p) >= facts.engine_profile_count:
                 out.append(RuleViolation("instance_group", TRT, f"{where} selects optimization profile {p} but the engine has "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, PLATFORM_BACKEND, TYPED_BACKENDS, ArtifactFacts, RuleViolation
+from optimizer.triton.rules.base import CORE, PLATFORM_BACKEND, TYPED_BACKENDS, ArtifactFacts, RuleViolation, backend_of, platform_of
 
 
 def name(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
@@ -18,17 +18,21 @@ def name(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
 
 
 def platform_backend(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
-    """Core: a platform or a backend Triton knows, and a platform/backend pair that agree."""
-    n = config.name
-    if not config.platform and not config.backend:
+    """Core: a platform or a backend Triton knows, and a platform/backend pair that agree (both as core completes them)."""
+    # core ValidateModelConfig on the config AutoCompleteBackendFields completed: a default_model_filename such as model.onnx names the
+    # backend too, so `default_model_filename: "model.xml"` loads with any platform or none (what the version folder holds we do not guess)
+    n, backend, platform = config.name, backend_of(config), platform_of(config)
+    if not config.platform and not backend:
         return [RuleViolation("platform_backend", CORE, f"must specify 'platform' or 'backend' for '{n}'", "keep the template's header partial")]
-    if config.platform and config.platform not in PLATFORM_BACKEND and config.platform != "ensemble" and not config.backend:
+    if not backend and config.platform != "ensemble":
         hint = " (openvino is a backend: write backend: \"openvino\")" if config.platform == "openvino" else ""
         return [RuleViolation("platform_backend", CORE, f"unexpected platform type '{config.platform}' for {n}",
                               f"use one of {', '.join(PLATFORM_BACKEND)}{hint}")]
-    if config.backend in TYPED_BACKENDS and config.platform not in ("", "ensemble") and PLATFORM_BACKEND.get(config.platform) != config.backend:
-        return [RuleViolation("platform_backend", CORE, f"unexpected 'platform' and 'backend' pair, got:{config.platform}, {config.backend}",
-                              "drop `backend` or make it the platform's backend")]
+    if backend in TYPED_BACKENDS and platform not in ("", "ensemble") and PLATFORM_BACKEND.get(platform) != backend:
+        return [RuleViolation("platform_backend", CORE, f"unexpected 'platform' and 'backend' pair, got:{platform}, {backend}",
+                              "drop `backend` or make it the platform's backend" if config.backend else
+                              f"default_model_filename {config.default_model_filename!r} is the {backend} backend's file: "
+                              "drop it or name that backend's platform")]
     return []
 
 

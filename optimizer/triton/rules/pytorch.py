@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from optimizer.triton.rules.base import LIBTORCH, LIBTORCH_NAMED, ArtifactFacts, RuleViolation
+from optimizer.triton.rules.base import LIBTORCH, LIBTORCH_NAMED, ArtifactFacts, RuleViolation, platform_of
 
 _LIBTORCH_OUTPUT = re.compile(r"^.+__\d+$")
 _AOTI_INPUT = re.compile(r"^(INPUT__\d+|ARGS\[[^\[\]]+\](\[[^\[\]]+\])*|KWARGS\[[^\[\]]+\](\[[^\[\]]+\])*)$")
@@ -17,7 +17,7 @@ def libtorch_names(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     # PyTorch backend since pytorch_backend ff103c4 (2022-05; every release we target): other names load and bind in config order
     # (NamingConvention STRICT_CONFIG_ORDERING), with a warning when a name has "__" and no index. The refusal "does not follow
     # naming convention i.e. <name>__<index>." is gone, so this only warns; our stand-in backend binds the same way.
-    if config.platform not in LIBTORCH_NAMED:
+    if platform_of(config) not in LIBTORCH_NAMED:  # backend "pytorch" alone is pytorch_libtorch
         return []
     odd = [t.name for t in config.output if not _LIBTORCH_OUTPUT.match(t.name)]
     if not odd:

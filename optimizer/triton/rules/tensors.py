@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, WILDCARD, ArtifactFacts, RuleViolation, element_count
+from optimizer.triton.rules.base import CORE, WILDCARD, ArtifactFacts, RuleViolation, element_count, platform_of
 
 
 def _io_shape(kind: str, t: Any, config: Any) -> str | None:
@@ -50,16 +50,16 @@ def _trunks(dims: Any) -> list[int]:
 
 def io(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
     """Core: every input and output has a name, a data type and valid dims (and reshape)."""
-    out = []
+    out, platform = [], platform_of(config)  # core checks the platform it completed (backend "tensorrt" alone is tensorrt_plan)
     for kind, tensors in (("input", config.input), ("output", config.output)):
         for t in tensors:
             msg = _io_shape(kind, t, config)
             if msg is None and kind == "input" and t.format in (1, 2) and len(t.dims) != 3:  # FORMAT_NHWC / FORMAT_NCHW
                 msg = "model input NHWC/NCHW require 3 dims"
-            if msg is None and t.is_shape_tensor and config.platform != "tensorrt_plan":
+            if msg is None and t.is_shape_tensor and platform != "tensorrt_plan":
                 msg = "shape tensors are only supported for TensorRT platform"
             if msg is None and t.is_non_linear_format_io:
-                if config.platform != "tensorrt_plan":
+                if platform != "tensorrt_plan":
                     msg = "Non-linear IO format is only supported for the TensorRT platform"
                 elif len(t.dims) != 3:
                     msg = f"Non-linear IO format {kind} requires 3 dims"
