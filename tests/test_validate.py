@@ -139,6 +139,25 @@ def test_what_the_local_server_cannot_serve_is_not_validated_never_passed(edit, 
 
 
 @pytest.mark.parametrize(
+    "header, status, words",
+    [
+        # Triton's core takes the backend from default_model_filename when the config names none, so this model loads
+        ('default_model_filename: "model.onnx"', "passed", "passed"),
+        # server qa/L0_model_config/special_cases/invalid_platform: the file names onnxruntime, which the misspelt platform is not
+        ('platform: "onnxruntim"\ndefault_model_filename: "model.onnx"', "failed",
+         "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime"),
+    ],
+)
+def test_the_default_model_filename_names_the_backend_as_in_triton(header, status, words, tmp_path: Path):
+    model = write_double_model(tmp_path / "repo")
+    (model / "config.pbtxt").write_text((model / "config.pbtxt").read_text().replace('platform: "onnxruntime_onnx"', header))
+    r = run_cli("validate", str(tmp_path / "repo"), *QUICK, "--concurrency", "1:1", cwd=tmp_path)
+    assert r.returncode == (0 if status == "passed" else 1), r.stderr
+    assert words in r.stdout + r.stderr
+    assert _record(tmp_path / "aitune-reports" / "double")["status"] == status
+
+
+@pytest.mark.parametrize(
     "args, fragment",
     [
         (["missing_repo"], "is not a directory"),

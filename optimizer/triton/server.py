@@ -356,13 +356,18 @@ class LocalTritonServer:
             client.load_model(name)
         except InferenceServerException as err:
             self.check_alive()
-            raise ValidationError(f"Triton could not load model {name!r}: {triton_message(err)}") from err
+            raise ValidationError(f"Triton could not load model {name!r}: {triton_message(err)}{self._poll_reason(name)}") from err
         while not client.is_model_ready(name):
             self.check_alive()
             if time.monotonic() - t0 > self.load_timeout_s:
                 raise ValidationError(f"model {name!r} was not ready {self.load_timeout_s:.0f} s after loading; log: {self.log_path}")
             time.sleep(0.1)
         log.info("loaded %s in %.1f s", name, time.monotonic() - t0)
+
+    def _poll_reason(self, name: str) -> str:
+        """Why the repository poll refused the model (its config), from the log: the client is told only "failed to poll"."""
+        found = re.findall(rf"Poll failed for model directory '{re.escape(name)}': (.*?)\"?$", self.log_text(), re.M)
+        return f" ({found[-1]})" if found else ""
 
     def reload(self, name: str) -> None:
         """Unload the model completely, then load it again (its config may have changed).

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import RepositoryError, SettingsError, TemplateError
-from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.triton.object_store.location import store_url
 from optimizer.triton.repository import outside_repository
+from optimizer.triton.rules.base import backend_of, platform_of
 from optimizer.triton.server import ServerHome
 
 
@@ -30,18 +30,14 @@ class ModelTarget:
 
     @property
     def platform(self) -> str:
-        """The config's platform, or its backend when it names none (what the record and messages show)."""
-        return self.config.platform or self.config.backend
+        """The config's platform as Triton completes it, or its backend when it has none (what the record and messages show)."""
+        return platform_of(self.config) or self.backend
 
     @property
     def backend(self) -> str:
-        """The backend Triton resolves the config to (the backends/<name> folder it looks in)."""
-        if self.config.backend:
-            return self.config.backend
-        for row in PLATFORMS.values():
-            if row.platform == self.config.platform:
-                return row.backend
-        return self.config.platform.split("_")[0]
+        """The backend Triton resolves the config to (the backends/<name> folder it looks in): from its backend, platform or
+        default_model_filename, as Triton's core completes it."""
+        return backend_of(self.config) or self.config.platform.split("_")[0]
 
 
 def resolve_target(repository: Path, model: str | None) -> ModelTarget:
