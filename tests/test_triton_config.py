@@ -355,7 +355,14 @@ CASES: list[tuple[str, str, str, Callable[[Any], Any] | None, ArtifactFacts, str
     ("parameters", "int", "onnxruntime_onnx", lambda c: c.parameters["intra_op_thread_count"].__setattr__("string_value", "all"), OK_FACTS,
      "failed to convert intra_op_thread_count 'all' to integral number"),
     ("parameters", "choice", "tensorrt_plan", lambda c: c.parameters["execution_context_allocation_strategy"].__setattr__("string_value", "LAZY"),
-     OK_FACTS, "parameter execution_context_allocation_strategy is 'LAZY'; the tensorrt backend accepts STATIC, ON_PROFILE_CHANGE, USER_MANAGED"),
+     OK_FACTS, "Invalid value for 'execution_context_allocation_strategy': 'LAZY' for model instance 'm'. Supported values are 'STATIC' and "
+     "'ON_PROFILE_CHANGE'."),
+    ("parameters", "choice_of_tensorrt_not_the_backend", "tensorrt_plan",
+     lambda c: c.parameters["execution_context_allocation_strategy"].__setattr__("string_value", "USER_MANAGED"), OK_FACTS,
+     "Invalid value for 'execution_context_allocation_strategy': 'USER_MANAGED' for model instance 'm'. Supported values are 'STATIC' and "
+     "'ON_PROFILE_CHANGE'."),
+    ("parameters", "choice_in_our_words", "onnxruntime_onnx", lambda c: c.parameters["execution_mode"].__setattr__("string_value", "2"), OK_FACTS,
+     "parameter execution_mode is '2'; the onnxruntime backend accepts 0, 1"),
     ("optimization", "accelerator", "onnxruntime_onnx",
      lambda c: c.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt_llm"), OK_FACTS,
      "unknown Execution Accelerator 'tensorrt_llm' is requested"),

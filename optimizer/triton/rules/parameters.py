@@ -22,12 +22,19 @@ PARAMETER_TYPES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
         "ENABLE_JIT_PROFILING": bool, "ENABLE_TENSOR_FUSER": bool, "INTRA_OP_THREAD_COUNT": int,
         "INTER_OP_THREAD_COUNT": int,
     }),
-    "tensorrt": MappingProxyType({"execution_context_allocation_strategy": ("STATIC", "ON_PROFILE_CHANGE", "USER_MANAGED")}),
+    # tensorrt_backend src/model_state.cc ParseParameters (since 25.05; older releases ignore it): USER_MANAGED is TensorRT's, not the backend's
+    "tensorrt": MappingProxyType({"execution_context_allocation_strategy": ("STATIC", "ON_PROFILE_CHANGE")}),
     "openvino": MappingProxyType({
         "PERFORMANCE_HINT": ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"), "INFERENCE_NUM_THREADS": int,
         "CPU_THREADS_NUM": int, "SKIP_OV_DYNAMIC_BATCHSIZE": ("YES", "NO"), "ENABLE_BATCH_PADDING": ("YES", "NO"),
         "RESHAPE_IO_LAYERS": ("YES", "NO"),
     }),
+})
+
+# (backend, parameter) -> the backend's own words for a value it refuses ({value}, {model}); others get ours
+CHOICE_WORDS: Mapping[tuple[str, str], str] = MappingProxyType({
+    ("tensorrt", "execution_context_allocation_strategy"): ("Invalid value for 'execution_context_allocation_strategy': '{value}' for model "
+                                                            "instance '{model}'. Supported values are 'STATIC' and 'ON_PROFILE_CHANGE'."),
 })
 
 
@@ -44,6 +51,7 @@ def parameters(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:
         elif kind is int and not re.fullmatch(r"[+-]?\d+", text.strip()):
             out.append(RuleViolation("parameters", source, f"failed to convert {key} '{text}' to integral number", "use a whole number"))
         elif isinstance(kind, tuple) and text not in kind:
-            out.append(RuleViolation("parameters", source, f"parameter {key} is '{text}'; the {backend} backend accepts {', '.join(kind)}",
-                                     f"use one of {', '.join(kind)}"))
+            words = CHOICE_WORDS.get((backend, key), "parameter {key} is '{value}'; the {backend} backend accepts {choices}")
+            out.append(RuleViolation("parameters", source, words.format(key=key, value=text, backend=backend, model=config.name,
+                                                                        choices=", ".join(kind)), f"use one of {', '.join(kind)}"))
     return out
