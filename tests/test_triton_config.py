@@ -592,6 +592,18 @@ def test_onnx_sequence_controls_are_graph_inputs_of_one_value(base_configs, grap
         assert found[1].message == "unable to load model 'm', configuration expects 3 inputs, model provides 2"
 
 
+def test_a_wrong_directory_name_is_quoted_after_what_validate_model_config_refuses(base_configs):
+    # Triton's repository manager checks the directory name only once ValidateModelConfig has passed (server
+    # qa/L0_model_config/autofill_noplatform/ensemble/ensemble_scheduling_no_set names its model ensemble_scheduling_not_set)
+    config = type(base_configs["onnxruntime_onnx"])()
+    config.CopyFrom(base_configs["onnxruntime_onnx"])
+    config.name, config.max_batch_size = "other", -1
+    config.ClearField("dynamic_batching")
+    with pytest.raises(ConfigRuleError, match=r"rejected by Triton core: \"'max_batch_size' must be non-negative value for other\".*1 more: "
+                       r"unexpected directory name 'm' for model 'other'"):
+        rules.check(config, OK_FACTS, "config.pbtxt of 'm'")
+
+
 def test_every_rule_has_a_breaking_case():
     assert {c[0] for c in CASES} | {c[0] for c in WARN_CASES} == set(RULES)
 

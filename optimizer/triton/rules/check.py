@@ -33,16 +33,16 @@ from optimizer.triton.rules.warmup import warmup
 log = logging.getLogger(__name__)
 
 RULES: MappingProxyType[str, Rule] = MappingProxyType({
-    # Triton core (model_config_utils.cc, the repository manager)
-    "name": name,
+    # Triton core: ValidateModelConfig (model_config_utils.cc), then the repository manager's name check, then what loading checks
     "platform_backend": platform_backend,
     "max_batch_size": max_batch_size,
-    "version_policy": version_policy,
     "dynamic_batching": dynamic_batching,
     "sequence_batching": sequence_batching,
     "ensemble": ensemble,
     "response_cache": response_cache,
     "model_metrics": model_metrics,
+    "name": name,  # after ValidateModelConfig: Triton fills an empty name and checks the directory once the config is valid
+    "version_policy": version_policy,
     "io": io,
     "batch_io": batch_io,
     "instance_group": instance_group,
