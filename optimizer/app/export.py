@@ -25,6 +25,7 @@ from optimizer.report.markdown import write_report_files
 from optimizer.settings import ExportSettings
 from optimizer.task.cache import ArtifactCache
 from optimizer.task.context import TuneContext
+from optimizer.task.isolation import refuse_unguarded_main
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
 from optimizer.triton.publish import PublishOptions, check_target, publish
@@ -80,6 +81,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     """Tune MODEL (or `module`) and publish the winner into the repository. See ExportSettings for every option."""
     settings = settings or ExportSettings()
     t0 = time.perf_counter()
+    refuse_unguarded_main()  # before anything is written: its children would run the caller's script again
     # 1. every check that needs no model, once
     plan = plan_run(settings)
     strategy = plan.strategy

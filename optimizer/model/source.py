@@ -146,9 +146,13 @@ def from_module(module: Any, example_inputs: Any, pickle_dir: Path, name: str | 
         raise ModelLoadError(f"model is a {type(module).__name__}, not a torch.nn.Module; pass a module or a MODEL string.")
     pickle_dir.mkdir(parents=True, exist_ok=True)
     path = pickle_dir / "source_module.pt"
+    import cloudpickle
+
     try:
-        torch.save({"module": module, "example_inputs": example_inputs}, path)
-    except Exception as err:  # pickling a module defined in __main__ or a closure fails here
+        # cloudpickle: a class defined in a notebook or the caller's script (__main__) travels by value, since the
+        # measuring processes cannot import it; one from an importable module stays a reference, as with pickle
+        torch.save({"module": module, "example_inputs": example_inputs}, path, pickle_module=cloudpickle)
+    except Exception as err:  # e.g. a module holding a lock, a file handle or a generator
         raise ModelLoadError(
             f"the module cannot be pickled for the measuring processes ({type(err).__name__}: {err}); "
             "define it in an importable file and pass 'path/to/file.py:callable' instead."

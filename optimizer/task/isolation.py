@@ -12,6 +12,7 @@ takes the caller's environment and working directory of the moment, as a spawned
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import json
@@ -45,6 +46,47 @@ def _child_context() -> multiprocessing.context.BaseContext:
         ctx.set_forkserver_preload(list(FORK_SERVER_PRELOAD))
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def refuse_unguarded_main() -> None:
+    """Refuse an export started at the top level of the caller's script, outside `if __name__ == "__main__":`.
+
+    A fork-server or spawned child re-imports the script that started Python (multiprocessing's
+    bootstrapping), so such a script would start the export again inside every child, and each child
+    would die with "no result". Scripts without a file (python -c, notebooks) and `python -m pkg` run
+    nothing again.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", "") or ""
+    if not path or spec_name.endswith("__main__"):
+        return
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"):
+        frame = frame.f_back
+    if frame is None:
+        return
+    try:
+        tree = ast.parse(Path(path).read_text(), path)
+    except (OSError, SyntaxError, ValueError):
+        return
+    line = frame.f_lineno
+    if not any(_is_main_test(n.test) and n.body[0].lineno <= line <= (n.body[-1].end_lineno or line)
+               for n in ast.walk(tree) if isinstance(n, ast.If)):
+        from optimizer.errors import UsageError
+
+        raise UsageError(f"the export is started at the top level of {Path(path).name} (line {line}), outside "
+                         "`if __name__ == \"__main__\":`; its measuring processes re-import that script and would start it "
+                         "again. Put the call under `if __name__ == \"__main__\":`.")
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """`__name__ == "__main__"`, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
 
 
 @dataclass
