@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from optimizer.records.measurements import BatchPolicy, BatchProfile
-from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size, knee_of
+from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, every_load_max, find_max_batch_size, knee_of
 
 
 def profile(batch: int, throughput: float, p95_ms: float | None = None, rss: float = 0.0) -> BatchProfile:
@@ -155,3 +155,48 @@ def _busy(batch: int, share: float) -> BatchProfile:
     p = profile(batch, 100.0)
     p.others_cpu_share = share
     return p
+
+
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def test_a_padding_backend_gets_the_max_closest_to_the_best_at_every_load_not_its_peak():
+    # a padded max b answers min(c, b) of c requests with b rows: on a flat curve every lone request pays for b rows
+    flat = [profile(b, 1000.0) for b in SIZES]
+    assert every_load_max(flat) == 1
+    # rows cost nothing extra up to 8, then time grows with rows: 8 serves every load as well as any size
+    linear_then_flat = [profile(b, 100.0 * min(b, 8)) for b in SIZES]
+    assert every_load_max(linear_then_flat) == 8
+    # a curve that keeps rising (the peak is 128): far below the peak, and more than one row
+    rising = [profile(b, 100.0 * b ** 0.5) for b in SIZES]
+    chosen = every_load_max(rising)
+    assert 1 < chosen < 128
+    def worst(b: int) -> float:
+        thr = {p.batch_size: p.throughput for p in rising}
+        loads = [*SIZES, 10**9]
+        return min((thr[b] * min(c, b) / b) / max(thr[x] * min(c, x) / x for x in SIZES) for c in loads)
+    assert worst(chosen) == max(worst(b) for b in SIZES) and worst(chosen) > 2 * worst(128)
+
+
+def test_only_a_padding_backends_searched_max_is_replaced_when_no_served_point_was_chosen():
+    from types import SimpleNamespace
+
+    from optimizer.app.export import _padded_max_for_every_load
+    from optimizer.records.triton_platforms import PLATFORMS
+    from optimizer.settings import ExportSettings
+
+    rising = [profile(b, 100.0 * b ** 0.5) for b in SIZES]
+
+    def result(platform: str, decided_by: str = "peak") -> SimpleNamespace:
+        decision = SimpleNamespace(profiles=rising, decided_by=decided_by)
+        cand = SimpleNamespace(artifact=SimpleNamespace(platform=PLATFORMS[platform]), decision=decision)
+        return SimpleNamespace(selected_candidate=cand, max_batch_size=128, selection_reason="fastest")
+
+    padded = result("openvino")
+    _padded_max_for_every_load(padded, ExportSettings())
+    assert padded.max_batch_size == every_load_max(rising) < 128
+    assert "not the in-process peak 128" in padded.selection_reason and "openvino backend computes max_batch_size rows" in padded.selection_reason
+    for unchanged, settings in ((result("onnxruntime_onnx"), ExportSettings()), (result("openvino"), ExportSettings(max_batch_size="128")),
+                                (result("openvino", "recorded"), ExportSettings())):
+        _padded_max_for_every_load(unchanged, settings)
+        assert unchanged.max_batch_size == 128 and unchanged.selection_reason == "fastest"

@@ -155,6 +155,8 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     try:
         search = _serve_search(settings, plan, result, options, work, on_event)
         options = replace(options, served_search=search, operating_point=search.chosen if search.status == "searched" else None)
+        if options.operating_point is None:
+            _padded_max_for_every_load(result, settings)
         on_event(Event("publish", "start", result.selected))
         published = publish(result, options)
     except (PublishError, TemplateError, ConfigRuleError):  # the tuning results are kept in the report
@@ -176,6 +178,25 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
                               on_event=on_event, cache_dir=plan.cache_root, protocol=search.protocol or "http")  # like the search
         write_report_files(report_path)  # again, now with the validation section
     return ExportOutcome(result, published, report_path, validation)
+
+
+def _padded_max_for_every_load(result: TuneResult, settings: ExportSettings) -> None:
+    """With no served point, a backend that pads every execution to max_batch_size gets the max that holds up at every
+    load (find_max_batch_size.every_load_max), not the in-process peak; a max the user gave or the samples recorded stays."""
+    from optimizer.task.find_max_batch_size import every_load_max
+
+    cand = result.selected_candidate
+    platform = cand.artifact.platform if cand.artifact is not None else None
+    decision = cand.decision
+    if (platform is None or not platform.pads_batch or decision is None or not decision.profiles or settings.batch_cap() is not None
+            or decision.decided_by in ("user_cap", "recorded") or result.max_batch_size <= 1):
+        return
+    chosen = every_load_max([p for p in decision.profiles if p.batch_size <= result.max_batch_size])
+    if chosen < result.max_batch_size:
+        result.selection_reason += (f"; max_batch_size {chosen}, not the in-process peak {result.max_batch_size}: the {platform.backend} backend "
+                                    f"computes max_batch_size rows for every execution, and {chosen} is the measured size closest to the best "
+                                    "at every load (no served search chose one; give --concurrency N to the served search for one load)")
+        result.max_batch_size = chosen
 
 
 def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, options: PublishOptions, work: Path,

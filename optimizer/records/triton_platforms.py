@@ -22,6 +22,7 @@ class TritonPlatform:
     gpu_only: bool  # cannot run on KIND_CPU
     positional_io: bool = False  # the backend addresses tensors by position: INPUT__<i> / OUTPUT__<i>
     thread_parameter: str | None = None  # the config parameter that sets one instance's intra-op threads
+    pads_batch: bool = False  # every execution computes max_batch_size rows, whatever arrives (openvino_backend: ov::set_batch)
 
 
 PLATFORMS: MappingProxyType[str, TritonPlatform] = MappingProxyType(
@@ -32,7 +33,7 @@ PLATFORMS: MappingProxyType[str, TritonPlatform] = MappingProxyType(
             TritonPlatform("pytorch_libtorch", "pytorch_libtorch", "pytorch", "model.pt", True, False, thread_parameter="INTRA_OP_THREAD_COUNT"),
             TritonPlatform("torch_aoti", "torch_aoti", "pytorch", "model.pt2", False, False, positional_io=True, thread_parameter="INTRA_OP_THREAD_COUNT"),
             TritonPlatform("tensorrt_plan", "tensorrt_plan", "tensorrt", "model.plan", False, True),
-            TritonPlatform("openvino", None, "openvino", "model.xml", False, False, thread_parameter="INFERENCE_NUM_THREADS"),
+            TritonPlatform("openvino", None, "openvino", "model.xml", False, False, thread_parameter="INFERENCE_NUM_THREADS", pads_batch=True),
         )
     }
 )

@@ -53,6 +53,25 @@ def peak_of(profiles: list[BatchProfile]) -> int:
     return min(p.batch_size for p in profiles if p.throughput >= (1.0 - max(noise_of(best), noise_of(p))) * best.throughput)
 
 
+def every_load_max(profiles: list[BatchProfile]) -> int:
+    """The max batch for a backend that pads every execution to it, with no load known: the measured size whose worst
+    ratio to the best size, over every load (each measured size's worth of concurrent batch-1 requests, and more than the
+    largest), is highest. At `c` requests a padded max `b` computes `b` rows to answer min(c, b) of them, so it serves
+    throughput(b) * min(c, b) / b.
+
+    Why: the peak of a curve that keeps rising (an OpenVINO transformer: 128) padded every lone request to 128 rows
+    and served 0.07x of what the fp32 export served at concurrency 8."""
+    sizes = sorted(p.batch_size for p in profiles)
+    thr = {p.batch_size: p.throughput for p in profiles}
+
+    def served(b: int, c: float) -> float:
+        return thr[b] * min(c, b) / b
+
+    loads = [*sizes, math.inf]
+    best = {c: max(served(b, c) for b in sizes) for c in loads}
+    return max(sizes, key=lambda b: (min(served(b, c) / best[c] for c in loads), thr[b]))
+
+
 def _saturated(profiles: list[BatchProfile], gain: float, steps: int) -> bool:
     """True when each of the last `steps` sizes gained less than `gain`, or less than its own measured spread,
     over the best before it: a step counts as growth only beyond the noise it was measured with."""
