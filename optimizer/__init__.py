@@ -24,11 +24,18 @@ from optimizer.errors import (  # noqa: E402
 from optimizer.settings import ExportSettings  # noqa: E402
 
 
-def export(settings: ExportSettings | None = None, **kwargs):
-    """Tune and publish; see optimizer.app.export.export."""
-    from optimizer.app.export import export as _export
+def export(settings: ExportSettings | None = None, *, module=None, example_inputs=None, on_event=None, **options):
+    """Tune and publish; see optimizer.app.export.export. `options` are ExportSettings fields, the CLI's long option
+    names with underscores (`model="pkg.mod:build"`, `backend=["onnxruntime"]`, `max_batch_size=8`), over `settings`."""
+    from dataclasses import asdict
 
-    return _export(settings, **kwargs)
+    from optimizer.app.export import export as _export
+    from optimizer.events import ignore
+    from optimizer.settings import settings_from
+
+    if options:
+        settings = settings_from({**(asdict(settings) if settings is not None else {}), **options})
+    return _export(settings, module=module, example_inputs=example_inputs, on_event=on_event or ignore)
 
 
 __all__ = [

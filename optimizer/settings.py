@@ -189,8 +189,13 @@ def settings_from(values: dict[str, Any]) -> ExportSettings:
     names = {f.name for f in fields(ExportSettings)}
     unknown = set(values) - names
     if unknown:
-        raise SettingsError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}.")
-    s = ExportSettings(**values)
+        import difflib
+
+        near = [m for u in sorted(unknown) for m in difflib.get_close_matches(u, names, n=1)]
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise SettingsError(f"unknown setting(s) {', '.join(sorted(unknown))}{hint}; known: {', '.join(sorted(names))}.")
+    multiple = {f.name for f in fields(ExportSettings) if f.metadata["multiple"]}
+    s = ExportSettings(**{k: [v] if k in multiple and isinstance(v, str) else v for k, v in values.items()})
     s.percentile = int(s.percentile)
     if s.max_batch_size is not None and not isinstance(s.max_batch_size, str):
         s.max_batch_size = str(s.max_batch_size)

@@ -34,12 +34,18 @@ def test_a_module_defined_in_a_notebook_is_tuned_and_published(tmp_path: Path):
                 return self.fc(x) * 2
 
         torch.manual_seed(0)
-        settings = optimizer.ExportSettings(backend=["onnxruntime"], max_batch_size="2", serve_search="off", precision="fp32")
-        out = optimizer.export(settings, module=Scaled(), example_inputs=(torch.randn(1, 4),))
-        print("published", out.published.model_dir)
+        try:
+            optimizer.export(module=Scaled(), example_inputs=(torch.randn(1, 4),), backends=["onnxruntime"])
+        except optimizer.SettingsError as err:
+            print("refused:", err)
+        # the options as keywords (the CLI's long names), over settings; a string for a repeatable one
+        settings = optimizer.ExportSettings(serve_search="off", precision="fp32")
+        out = optimizer.export(settings, module=Scaled(), example_inputs=(torch.randn(1, 4),), backend="onnxruntime", max_batch_size=2)
+        print("published", out.published.model_dir, out.published.config["max_batch_size"])
     """), tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert (tmp_path / "model_repository" / "scaled" / "1" / "model.onnx").exists()
+    assert "refused: unknown setting(s) backends (did you mean backend?)" in r.stdout
+    assert (tmp_path / "model_repository" / "scaled" / "1" / "model.onnx").exists() and r.stdout.strip().endswith(" 2")
     assert "Can't get attribute" not in r.stderr
 
 
