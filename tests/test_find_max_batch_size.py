@@ -178,7 +178,7 @@ def test_a_padding_backend_gets_the_max_closest_to_the_best_at_every_load_not_it
     assert worst(chosen) == max(worst(b) for b in SIZES) and worst(chosen) > 2 * worst(128)
 
 
-def test_only_a_padding_backends_searched_max_is_replaced_when_no_served_point_was_chosen():
+def test_only_a_padding_backends_searched_max_is_replaced_in_the_rules_point():
     from types import SimpleNamespace
 
     from optimizer.app.export import _padded_max_for_every_load

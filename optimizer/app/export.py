@@ -153,10 +153,9 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
                              Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
                              cache_dir=plan.cache_root, io_names=settings.io_names)
     try:
+        _padded_max_for_every_load(result, settings)  # the rules' point: what is published when no search runs, and where one starts
         search = _serve_search(settings, plan, result, options, work, on_event)
         options = replace(options, served_search=search, operating_point=search.chosen if search.status == "searched" else None)
-        if options.operating_point is None:
-            _padded_max_for_every_load(result, settings)
         on_event(Event("publish", "start", result.selected))
         published = publish(result, options)
     except (PublishError, TemplateError, ConfigRuleError):  # the tuning results are kept in the report
@@ -181,8 +180,9 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
 
 
 def _padded_max_for_every_load(result: TuneResult, settings: ExportSettings) -> None:
-    """With no served point, a backend that pads every execution to max_batch_size gets the max that holds up at every
-    load (find_max_batch_size.every_load_max), not the in-process peak; a max the user gave or the samples recorded stays."""
+    """The rules' max for a backend that pads every execution to max_batch_size: the one that holds up at every load
+    (find_max_batch_size.every_load_max), not the in-process peak. It is published when no served search chooses, and
+    the search starts from it (a short budget may measure only the start); a max the user gave or the samples recorded stays."""
     from optimizer.task.find_max_batch_size import every_load_max
 
     cand = result.selected_candidate
@@ -195,7 +195,7 @@ def _padded_max_for_every_load(result: TuneResult, settings: ExportSettings) -> 
     if chosen < result.max_batch_size:
         result.selection_reason += (f"; max_batch_size {chosen}, not the in-process peak {result.max_batch_size}: the {platform.backend} backend "
                                     f"computes max_batch_size rows for every execution, and {chosen} is the measured size closest to the best "
-                                    "at every load (no served search chose one; give --concurrency N to the served search for one load)")
+                                    "at every load (the served search, when it runs, starts there; --concurrency N tunes it for one load)")
         result.max_batch_size = chosen
 
 
@@ -227,6 +227,7 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
         refused.reason = f"{refused.reason}; refused by the Triton at {settings.url}: {search.reason}".lstrip("; ")
         on_event(Event("serve", "progress", refused.name, f"the server at {settings.url} refused it; trying {following.name}"))
         result.selected, result.max_batch_size = following.name, following.decision.max_batch_size
+        _padded_max_for_every_load(result, settings)
         tried.add(following.name)
 
 
