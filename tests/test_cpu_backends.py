@@ -457,6 +457,19 @@ def test_a_failing_aoti_compile_fails_only_its_candidate(in_tmp):
     assert (in_tmp / "model_repository" / "mlp" / "1" / "model.onnx").is_file()
 
 
+def test_a_dynamic_axis_the_model_fixes_is_named_in_the_torch_aoti_reason(tmp_path):
+    """torch.export's own first line names only its Dim ("Constraints violated (axis1_1_50)!"): the reason says which
+    input's axis the model fixed, to what, and what to do."""
+    from optimizer.errors import BackendError
+
+    model = load_model("tests.fixtures.models:gru_over_sequence")
+    sig = resolve_signature(model, [parse_input_spec("seq:float32:1-12x4")])
+    with pytest.raises(BackendError) as info:
+        backend_named("torch-aoti").build(model, sig, tmp_path / "artifact", (1, 4), "cpu")
+    reason = str(info.value)
+    assert "seq axis 1 (1-12) to 12" in reason and "--input" in reason and "axis1_1_12" not in reason
+
+
 # -- the OpenVINO stand-in's request handling, without a server ----------------------------------------------
 
 
