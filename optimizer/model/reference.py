@@ -199,4 +199,12 @@ def resolve_signature(
         if any(a.min < 1 for a in axes) if axes else False:
             raise SignatureError(f"output {name!r} has an empty axis ({shapes}); Triton needs every dim >= 1.")
         outputs.append(TensorSpec(name, dtype_from_numpy(observed[0][k].dtype), axes))
+    if not batching:  # found here, not after every candidate was built and measured (the config rules refuse it too)
+        scalar = next((t.name for t in (*inputs, *outputs) if not t.axes), None)
+        if scalar is not None:
+            raise SignatureError(
+                f"tensor {scalar!r} is a scalar in a non-batching model; Triton rejects it (\"cannot have empty reshape for "
+                "non-batching model as scalar tensors are not supported\"). Give it one dimension (x.reshape(1) in "
+                "forward()), or export with batching."
+            )
     return replace(sig, outputs=tuple(outputs))
