@@ -239,7 +239,7 @@ def _snapshot_weights(model: LoadedModel, work: Path) -> str | None:
 
 def _describe(sig: Signature) -> str:
     def one(t) -> str:
-        return f"{t.name}:{t.dtype.name}:{'x'.join(map(str, t.axes)) or 'scalar'}"
+        return f"{t.name}:{t.dtype.name}:{'x'.join(map(str, t.axes)) or 'scalar'}" + (f" ({t.origin})" if t.origin else "")
 
     return f"inputs {', '.join(one(t) for t in sig.inputs)}; outputs {', '.join(one(t) for t in sig.outputs)}"
 

@@ -141,6 +141,7 @@ def _tensor_json(t: TensorSpec) -> dict[str, Any]:
         "triton_dims": t.triton_dims,
         "dynamic_axes": list(t.dynamic_axes),
         "value_range": list(t.value_range) if t.value_range else None,
+        **({"origin": t.origin} if t.origin else {}),
     }
 
 
@@ -158,7 +159,8 @@ def describe(inspection: Inspection) -> list[str]:
             dims = "x".join(t["dims"]) or "scalar"
             dynamic = ", ".join(f"dims[{i}] {t['dims'][i]}" for i in t["dynamic_axes"]) or "none"
             values = f"  values {t['value_range'][0]:g}..{t['value_range'][1]:g}" if t["value_range"] else ""
-            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}  dynamic: {dynamic}{values}")
+            origin = f"  from forward()'s {t['origin']}" if t.get("origin") else ""
+            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}  dynamic: {dynamic}{values}{origin}")
     release = doc["triton_release"]
     if release:
         lines.append(f"triton      {release['summary']}" + ("; --allow-version-mismatch" if release["allow_version_mismatch"] else ""))
