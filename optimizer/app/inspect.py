@@ -164,11 +164,13 @@ def describe(inspection: Inspection) -> list[str]:
     release = doc["triton_release"]
     if release:
         lines.append(f"triton      {release['summary']}" + ("; --allow-version-mismatch" if release["allow_version_mismatch"] else ""))
+        caveats: list[str] = []  # one per backend and fact: each precision of a backend is checked alike
         for check in release["checks"]:  # version caveats and what --allow-version-mismatch let through
             if check["verdict"] in ("mismatch", "unknown") and release["allow_version_mismatch"]:
-                lines.append(f"  {check['backend']} {check['fact']}: {check['problem']} (allowed by --allow-version-mismatch)")
+                caveats.append(f"  {check['backend']} {check['fact']}: {check['problem']} (allowed by --allow-version-mismatch)")
             elif check["note"] and check["fact"] in ("torch", "tensorrt", "openvino"):
-                lines.append(f"  {check['backend']} {check['fact']}: {check['note']}")
+                caveats.append(f"  {check['backend']} {check['fact']}: {check['note']}")
+        lines.extend(dict.fromkeys(caveats))
     lines.append(f"candidates  (strategy {st['name']}, workflow {st['workflow']}, device {st['device']})")
     width = max((len(c["name"]) for c in doc["candidates"]), default=0)
     for c in doc["candidates"]:
