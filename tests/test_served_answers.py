@@ -75,3 +75,28 @@ def test_an_fp32_winner_is_held_to_the_elementwise_tolerances(monkeypatch, tmp_p
     result, outputs = _result(tmp_path, gated=False)
     _serve_with_error(monkeypatch, outputs, 0.1)
     assert "max abs error 0.1" in wrong_answers(result, "grpc", "127.0.0.1:1", 5.0, "m", {}, False)
+
+
+def test_a_config_published_after_wrong_served_answers_carries_a_warning(monkeypatch, tmp_path: Path):
+    """The local server answered the start variant wrongly, the search was skipped and the in-process rules were
+    published with exit 0 and no warning: only a 'served search skipped' line said why."""
+    from types import SimpleNamespace
+
+    import optimizer.triton.served_search as served
+    from optimizer.app.export import _serve_search
+    from optimizer.records.served_search import ServedSearch
+    from optimizer.settings import ExportSettings
+
+    reason = ("the in-process rules' config could not be measured in the local server: its answers are wrong: output "
+              "'output__0' at batch=3: max abs error 0.101, max rel error 5.95 (atol 0.05, rtol 0.05)")
+    monkeypatch.setattr(served, "served_search", lambda *a, **k: ServedSearch(status="skipped", reason=reason))
+    result = make_result(tmp_path)
+    search = _serve_search(ExportSettings(serve_search_seconds=20), SimpleNamespace(cache_root=tmp_path, server=None),
+                           result, None, tmp_path / "work", lambda event: None)
+    assert search.reason == reason
+    assert [w for w in result.warnings if "its answers are wrong" in w and "aitune-export validate" in w]
+    monkeypatch.setattr(served, "served_search", lambda *a, **k: ServedSearch(status="off", reason="the budget ran out"))
+    result = make_result(tmp_path / "other")
+    _serve_search(ExportSettings(serve_search_seconds=20), SimpleNamespace(cache_root=tmp_path, server=None),
+                  result, None, tmp_path / "work", lambda event: None)
+    assert not result.warnings

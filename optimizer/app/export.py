@@ -199,12 +199,19 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
             raise ServerError(f"the Triton at {settings.url} refused every candidate; the last: {result.selected}: {search.reason}. "
                               "Export for another --backend, or serve it on a Triton release that has the backend.")
         if following is None:
+            if WRONG_ANSWERS in search.reason:  # published all the same (a stand-in may differ from the native backend): say so
+                result.warnings.append(f"{result.selected} was published with the in-process rules, but {search.reason}; "
+                                       "check it with `aitune-export validate` (or --url on the Triton you deploy to) before serving it.")
             return search
         refused = result.selected_candidate
         refused.reason = f"{refused.reason}; refused by the Triton at {settings.url}: {search.reason}".lstrip("; ")
         on_event(Event("serve", "progress", refused.name, f"the server at {settings.url} refused it; trying {following.name}"))
         result.selected, result.max_batch_size = following.name, following.decision.max_batch_size
         tried.add(following.name)
+
+
+WRONG_ANSWERS = "its answers are wrong"
+"""How the served search's start check words a variant whose answers are not the reference's (served_search/run.py)."""
 
 
 def _next_candidate(result: TuneResult, tried: set[str | None]) -> Any:
