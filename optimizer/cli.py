@@ -165,7 +165,7 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
         return
     chosen = result.selected_candidate
     click.echo(f"selected {chosen.name}: {result.selection_reason}")
-    click.echo(chosen.decision.explanation if chosen.decision else f"max_batch_size {result.max_batch_size}")
+    click.echo(max_batch_line(result, outcome.published.config))
     click.echo(f"published {outcome.published.model_dir} (version {outcome.published.version})")
     if outcome.published.composing:
         click.echo(f"  an ensemble that takes the forward() names, in front of {', '.join(outcome.published.composing)} "
@@ -184,6 +184,18 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
     if outcome.validation is not None:
         _print_validation(outcome.validation)
         _run_guarded(outcome.validation.raise_for_status)
+
+
+def max_batch_line(result, config: dict | None) -> str:
+    """The max batch size line of `export`: the in-process decision, and the published max when the served search chose
+    another (the line said "max_batch_size 32" above a config that published 4)."""
+    chosen = result.selected_candidate
+    text = chosen.decision.explanation if chosen.decision else f"max_batch_size {result.max_batch_size}"
+    published = (config or {}).get("max_batch_size")
+    in_process = chosen.decision.max_batch_size if chosen.decision else result.max_batch_size
+    if published is None or published == in_process:
+        return text
+    return f"published max_batch_size {published}: the served search measured it best (the in-process rule said {in_process}: {text})"
 
 
 @main.command("export-many")

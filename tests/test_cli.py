@@ -111,3 +111,15 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, fragment, in_tmp:
 def test_unknown_option_is_a_usage_error(in_tmp: Path):
     r = run_cli("export", "--no-such-flag", cwd=in_tmp)
     assert r.returncode == 2 and "No such option" in r.stderr
+
+
+def test_the_max_batch_line_names_the_published_max_when_the_served_search_chose_another(tmp_path: Path):
+    """mobilenet_v3_small: stdout said "max_batch_size 32: the throughput peak ..." above a config that published 4."""
+    from optimizer.cli import max_batch_line
+    from tests.triton_records import make_result
+
+    result = make_result(tmp_path, max_batch=8)
+    line = max_batch_line(result, {"max_batch_size": 4})
+    assert line.startswith("published max_batch_size 4: the served search measured it best (the in-process rule said 8: ")
+    assert max_batch_line(result, {"max_batch_size": 8}).startswith("max_batch_size 8: ")
+    assert max_batch_line(result, None).startswith("max_batch_size 8: ")

@@ -457,6 +457,33 @@ def test_a_failing_aoti_compile_fails_only_its_candidate(in_tmp):
     assert (in_tmp / "model_repository" / "mlp" / "1" / "model.onnx").is_file()
 
 
+def test_a_dynamic_axis_the_model_fixes_is_named_in_the_torch_aoti_reason(tmp_path):
+    """torch.export's own first line names only its Dim ("Constraints violated (axis1_1_50)!"): the reason says which
+    input's axis the model fixed, to what, and what to do."""
+    from optimizer.errors import BackendError
+
+    model = load_model("tests.fixtures.models:gru_over_sequence")
+    sig = resolve_signature(model, [parse_input_spec("seq:float32:1-12x4")])
+    with pytest.raises(BackendError) as info:
+        backend_named("torch-aoti").build(model, sig, tmp_path / "artifact", (1, 4), "cpu")
+    reason = str(info.value)
+    assert "seq axis 1 (1-12) to 12" in reason and "--input" in reason and "axis1_1_12" not in reason
+
+
+def test_an_onnx_graph_that_bakes_in_a_dynamic_length_fails_its_build_with_the_axis(tmp_path):
+    """torch.onnx.export kept the GRU's sequence input dynamic but fixed its output to the traced length: the candidate
+    failed its correctness check with ONNX Runtime's "Reshape node ... requested shape:{50,-1,32}"."""
+    from optimizer.backend.onnx_export import export_onnx
+    from optimizer.errors import BackendError
+
+    model = load_model("tests.fixtures.models:gru_over_sequence")
+    sig = resolve_signature(model, [parse_input_spec("seq:float32:1-12x4")])
+    with pytest.raises(BackendError, match=r"the exported graph fixes '(seq|output__0)' axis 1 to 12, which varies \(1-12\).*--input"):
+        export_onnx(model, sig, tmp_path / "model.onnx", 4)
+    transformer, tsig = _load(TRANSFORMER)  # a dynamic sequence the exporter keeps
+    export_onnx(transformer, tsig, tmp_path / "transformer.onnx", 4)
+
+
 # -- the OpenVINO stand-in's request handling, without a server ----------------------------------------------
 
 

@@ -98,3 +98,16 @@ def _gpu_here() -> bool:
     import torch
 
     return torch.cuda.is_available() or Path("/dev/nvidiactl").exists()
+
+
+def test_a_release_caveat_is_printed_once_per_backend(in_tmp: Path):
+    """torchscript[cpu] and torchscript[cpu,bf16] each carry the same torch caveat: inspect printed it twice."""
+    from optimizer.app.inspect import describe, inspect_model
+    from optimizer.settings import ExportSettings
+
+    inspection = inspect_model(ExportSettings(model="tests.fixtures.models:mlp"))
+    doc = inspection.to_json()
+    doc["triton_release"]["checks"] = doc["triton_release"]["checks"] * 2  # as two precisions of each backend give
+    object.__setattr__(inspection, "to_json", lambda: doc)
+    caveats = [line for line in describe(inspection) if line.startswith("  torchscript torch:")]
+    assert len(caveats) == 1

@@ -200,3 +200,24 @@ def test_state_dict_is_not_torchscript(tmp_path: Path):
     torch.save({"w": torch.ones(2)}, path)
     with pytest.raises(ModelLoadError, match="not a TorchScript archive"):
         load_model(str(path))
+
+
+def test_a_scalar_in_a_non_batching_model_is_refused_with_the_signature():
+    """Triton refuses a scalar tensor without batching; it was found only when publishing, after every candidate had
+    been built and measured (40 s here), though the signature shows it."""
+    m = load_model("tests.fixtures.models:returns_scalar")
+    with pytest.raises(SignatureError, match=r"tensor 'output__1' is a scalar in a non-batching model.*reshape\(1\)"):
+        resolve_signature(m, batching=False)
+
+
+def test_nested_outputs_record_where_each_output_comes_from():
+    """A dict / ModelOutput / nested tuple is flattened into output__0, output__1, ...: the signature (report.json,
+    inspect, report.md) says which part of forward()'s return value each one is, or a client cannot tell."""
+    from optimizer.model.signature import Signature
+
+    sig = resolve_signature(load_model("tests.fixtures.models:nested_outputs"))
+    assert [t.origin for t in sig.outputs] == ["[0]", "[1][0]", "[1][1].a", "[1][1].b"]
+    assert Signature.from_json(sig.to_json()).outputs == sig.outputs
+    assert [t.origin for t in resolve_signature(load_model("tests.fixtures.models:two_inputs")).outputs] == ["", ""]
+    plain = resolve_signature(load_model("tests.fixtures.models:mlp"))
+    assert plain.outputs[0].origin == "" and "origin" not in plain.to_json()["outputs"][0]  # unchanged records, cache keys

@@ -222,6 +222,9 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
             raise ServerError(f"the Triton at {settings.url} refused every candidate; the last: {result.selected}: {search.reason}. "
                               "Export for another --backend, or serve it on a Triton release that has the backend.")
         if following is None:
+            if WRONG_ANSWERS in search.reason:  # published all the same (a stand-in may differ from the native backend): say so
+                result.warnings.append(f"{result.selected} was published with the in-process rules, but {search.reason}; "
+                                       "check it with `aitune-export validate` (or --url on the Triton you deploy to) before serving it.")
             return search
         refused = result.selected_candidate
         refused.reason = f"{refused.reason}; refused by the Triton at {settings.url}: {search.reason}".lstrip("; ")
@@ -229,6 +232,10 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
         result.selected, result.max_batch_size = following.name, following.decision.max_batch_size
         _padded_max_for_every_load(result, settings)
         tried.add(following.name)
+
+
+WRONG_ANSWERS = "its answers are wrong"
+"""How the served search's start check words a variant whose answers are not the reference's (served_search/run.py)."""
 
 
 def _next_candidate(result: TuneResult, tried: set[str | None]) -> Any:
@@ -263,7 +270,7 @@ def _snapshot_weights(model: LoadedModel, work: Path) -> str | None:
 
 def _describe(sig: Signature) -> str:
     def one(t) -> str:
-        return f"{t.name}:{t.dtype.name}:{'x'.join(map(str, t.axes)) or 'scalar'}"
+        return f"{t.name}:{t.dtype.name}:{'x'.join(map(str, t.axes)) or 'scalar'}" + (f" ({t.origin})" if t.origin else "")
 
     return f"inputs {', '.join(one(t) for t in sig.inputs)}; outputs {', '.join(one(t) for t in sig.outputs)}"
 

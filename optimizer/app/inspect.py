@@ -141,6 +141,7 @@ def _tensor_json(t: TensorSpec) -> dict[str, Any]:
         "triton_dims": t.triton_dims,
         "dynamic_axes": list(t.dynamic_axes),
         "value_range": list(t.value_range) if t.value_range else None,
+        **({"origin": t.origin} if t.origin else {}),
     }
 
 
@@ -158,15 +159,18 @@ def describe(inspection: Inspection) -> list[str]:
             dims = "x".join(t["dims"]) or "scalar"
             dynamic = ", ".join(f"dims[{i}] {t['dims'][i]}" for i in t["dynamic_axes"]) or "none"
             values = f"  values {t['value_range'][0]:g}..{t['value_range'][1]:g}" if t["value_range"] else ""
-            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}  dynamic: {dynamic}{values}")
+            origin = f"  from forward()'s {t['origin']}" if t.get("origin") else ""
+            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}  dynamic: {dynamic}{values}{origin}")
     release = doc["triton_release"]
     if release:
         lines.append(f"triton      {release['summary']}" + ("; --allow-version-mismatch" if release["allow_version_mismatch"] else ""))
+        caveats: list[str] = []  # one per backend and fact: each precision of a backend is checked alike
         for check in release["checks"]:  # version caveats and what --allow-version-mismatch let through
             if check["verdict"] in ("mismatch", "unknown") and release["allow_version_mismatch"]:
-                lines.append(f"  {check['backend']} {check['fact']}: {check['problem']} (allowed by --allow-version-mismatch)")
+                caveats.append(f"  {check['backend']} {check['fact']}: {check['problem']} (allowed by --allow-version-mismatch)")
             elif check["note"] and check["fact"] in ("torch", "tensorrt", "openvino"):
-                lines.append(f"  {check['backend']} {check['fact']}: {check['note']}")
+                caveats.append(f"  {check['backend']} {check['fact']}: {check['note']}")
+        lines.extend(dict.fromkeys(caveats))
     lines.append(f"candidates  (strategy {st['name']}, workflow {st['workflow']}, device {st['device']})")
     width = max((len(c["name"]) for c in doc["candidates"]), default=0)
     for c in doc["candidates"]:

@@ -79,11 +79,34 @@ def export_onnx(model: LoadedModel, signature: Signature, path: Path, batch_max:
         log.debug("exporter output:\n%s", chatter.getvalue())
         raise BackendError(f"torch.onnx.export (dynamo) failed: {type(err).__name__}: {exporter_cause(str(err))}") from err
     log.debug("exporter output:\n%s", chatter.getvalue())
+    _check_dynamic_axes(path, signature)
     if precision != "fp32":
         _check_graph(path, precision)
     files = [path.name] + ([path.name + ".data"] if (path.parent / (path.name + ".data")).exists() else [])
     return {"exporter": "torch.onnx.export(dynamo=True)", "opset": opset, "external_data": len(files) > 1, "files": files,
             "precision": precision}
+
+
+def _check_dynamic_axes(path: Path, signature: Signature) -> None:
+    """Every axis the signature observed varying is variable in the graph. torch.onnx.export (dynamo) can keep an input
+    axis dynamic and still bake its traced length into the computation (an nn.LSTM/nn.GRU over the sequence axis):
+    the graph then fails at any other length with an opaque Reshape error; say which axis instead."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    offset = 1 if signature.batching else 0
+    declared = {v.name: v.type.tensor_type.shape.dim for v in [*graph.input, *graph.output]}
+    for spec in (*signature.inputs, *signature.outputs):
+        dims = declared.get(spec.name)
+        for i in spec.dynamic_axes:
+            if dims is not None and len(dims) > i + offset and dims[i + offset].HasField("dim_value"):
+                a = spec.axes[i]
+                raise BackendError(
+                    f"the exported graph fixes {spec.name!r} axis {i + offset} to {dims[i + offset].dim_value}, which varies "
+                    f"({a.min}-{a.max}) in the model: the exporter baked one length into the computation (an nn.LSTM or "
+                    "nn.GRU over that axis does this); give that axis one size in --input to build this backend, or leave "
+                    "the axis dynamic for the other backends."
+                )
 
 
 def _check_graph(path: Path, precision: str) -> None:

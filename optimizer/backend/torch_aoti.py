@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from optimizer.backend.base import Availability, Backend, Runner
-from optimizer.backend.torch_export import args_dynamic_shapes, example_args, flat_outputs_module
+from optimizer.backend.torch_export import args_dynamic_shapes, example_args, export_failure, flat_outputs_module
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError, first_line
 from optimizer.machine import cpu_cores
@@ -137,7 +137,7 @@ class TorchAOTIBackend(Backend):
             with torch.no_grad():
                 program = torch.export.export(flat_outputs_module(module), args, dynamic_shapes=dynamic)
         except Exception as err:
-            raise BackendError(f"torch.export failed: {first_line(err)}") from err
+            raise BackendError(f"torch.export failed: {export_failure(err, signature)}") from err
         export_s = time.perf_counter() - t0
         cache, chosen_by = inductor_cache_dir(workdir)
         path = workdir / "model.pt2"

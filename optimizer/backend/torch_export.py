@@ -6,6 +6,7 @@ torch.export take their dynamic axes from here, so one signature always means on
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from optimizer.model.samples import ShapePoint, generate_feed
@@ -31,10 +32,38 @@ def dynamic_shapes_for(signature: Signature, batch_max: int) -> dict[str, dict[i
             a = spec.axes[i]
             key = (i, a.min, a.max)
             if key not in shared:
-                shared[key] = Dim(f"axis{i + offset}_{a.min}_{a.max}", min=a.min, max=a.max)
+                shared[key] = Dim(_dim_name(i + offset, a.min, a.max), min=a.min, max=a.max)
             axes[i + offset] = shared[key]
         shapes[spec.name] = axes
     return shapes
+
+
+def _dim_name(axis: int, low: int, high: int) -> str:
+    """The Dim of a dynamic axis (its position counts the batch axis) and range: torch.export's errors name it."""
+    return f"axis{axis}_{low}_{high}"
+
+
+_SPECIALIZED = re.compile(r"You marked (\S+) as dynamic but your code specialized it to be a constant \((\d+)\)")
+
+
+def export_failure(err: BaseException, signature: Signature) -> str:
+    """torch.export's error as one line a user can act on. Its first line names only a Dim ("Constraints violated
+    (axis1_1_50)!"); when the model's code fixed a dynamic axis to a constant (an nn.LSTM/nn.GRU over a sequence axis
+    does), say which input's axis, to what, and what to do."""
+    from optimizer.errors import first_line
+
+    fixed = _SPECIALIZED.findall(str(err))
+    if not fixed:
+        return first_line(err)
+    offset = 1 if signature.batching else 0
+    parts = []
+    for dim, value in fixed:
+        axes = [f"{spec.name} axis {i + offset} ({spec.axes[i].min}-{spec.axes[i].max})" for spec in signature.inputs
+                for i in spec.dynamic_axes if _dim_name(i + offset, spec.axes[i].min, spec.axes[i].max) == dim]
+        parts.append(f"{' and '.join(axes) if axes else ('the batch axis' if dim == 'batch' else dim)} to {value}")
+    return (f"the model's code fixes {'; '.join(parts)} while tracing, so torch.export cannot keep it dynamic (a recurrent "
+            "layer such as nn.LSTM or nn.GRU, or a size used as a Python number, does this): give that axis one size in "
+            "--input to build this backend, or leave the axis dynamic for the other backends")
 
 
 def example_args(signature: Signature, device: str = "cpu") -> tuple[Any, ...]:

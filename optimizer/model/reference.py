@@ -7,6 +7,7 @@ source it is ONNX Runtime with graph optimizations disabled (the model as given)
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -31,21 +32,30 @@ log = logging.getLogger(__name__)
 def flatten_outputs(value: Any) -> list[Any]:
     """A model's return value as a flat list of tensors (tensor, tuple/list, dict, a ModelOutput, or any type registered
     with torch's pytree, as torch.export flattens it)."""
+    return [t for _, t in flatten_with_paths(value)]
+
+
+def flatten_with_paths(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    """flatten_outputs with each tensor's place in the return value: "logits", "aux[1].norm", "[0]" ("" for a lone
+    tensor), so a client of output__<i> can tell which one it reads."""
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in flatten_outputs(v)]
+        return [pt for i, v in enumerate(value) for pt in flatten_with_paths(v, f"{path}[{i}]")]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in flatten_outputs(v)]
+        return [pt for k, v in value.items() for pt in flatten_with_paths(v, f"{path}.{k}" if path else str(k))]
     from torch.utils import _pytree
 
     node = _pytree.SUPPORTED_NODES.get(type(value))
     if node is not None:
-        children, _ = node.flatten_fn(value)
-        return [t for v in children for t in flatten_outputs(v)]
-    return [value]
+        children, context = node.flatten_fn(value)
+        keys = context if isinstance(context, (list, tuple)) and len(context) == len(children) and all(isinstance(k, str) for k in context) else None
+        return [pt for i, v in enumerate(children)
+                for pt in flatten_with_paths(v, (f"{path}.{keys[i]}" if path else keys[i]) if keys else f"{path}[{i}]")]
+    return [(path, value)]
 
 
-def run_reference(model: LoadedModel, signature_inputs: Sequence[str], feed: Feed) -> list[np.ndarray]:
-    """Outputs of the reference for one feed, in return order, as numpy arrays."""
+def run_reference(model: LoadedModel, signature_inputs: Sequence[str], feed: Feed, paths: list[str] | None = None) -> list[np.ndarray]:
+    """Outputs of the reference for one feed, in return order, as numpy arrays; `paths`, when given, receives each
+    output's place in forward()'s return value (see flatten_with_paths)."""
     if model.format == "onnx":
         return _run_onnx_reference(model, feed)
     import torch
@@ -60,7 +70,10 @@ def run_reference(model: LoadedModel, signature_inputs: Sequence[str], feed: Fee
                 f"the model failed on sample inputs {shapes}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
                 "check --input dims and dtypes (dims exclude the batch axis) and --value-range."
             ) from err
-    outs = flatten_outputs(result)
+    flat = flatten_with_paths(result)
+    outs = [t for _, t in flat]
+    if paths is not None:
+        paths[:] = [p for p, _ in flat]
     bad = [type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)]
     if bad:
         raise SignatureError(f"the model returns non-tensor outputs ({', '.join(bad)}); return tensors, a tuple or a dict of tensors.")
@@ -163,8 +176,9 @@ def resolve_signature(
                                                   fix="take float32 and cast inside forward() (x.to(torch.bfloat16))"))
     points = [ShapePoint(b, p) for b in ((1, 2) if batching else (0,)) for p in ("min", "max")]
     observed: list[list[np.ndarray]] = []
+    paths: list[str] = []
     for i, point in enumerate(points):
-        observed.append(run_reference(model, sig.input_names, generate_feed(sig, point, seed=i)))
+        observed.append(run_reference(model, sig.input_names, generate_feed(sig, point, seed=i), paths if i == 0 else None))
     counts = {len(o) for o in observed}
     if len(counts) != 1:
         raise SignatureError("the model returns a different number of outputs for different input shapes; return a fixed structure.")
@@ -181,6 +195,8 @@ def resolve_signature(
     clash = set(names_out) & set(sig.input_names)
     if clash:
         raise SignatureError(f"output name(s) {', '.join(sorted(clash))} repeat an input name; choose distinct --output-names.")
+    # a dict, a ModelOutput or nesting: record where each output__<i> comes from (a lone tensor or a flat tuple needs no map)
+    nested = len(paths) == count and any(not re.fullmatch(r"(\[\d+\])?", p) for p in paths)
     outputs = []
     for k, name in enumerate(names_out):
         shapes = [o[k].shape for o in observed]
@@ -198,5 +214,13 @@ def resolve_signature(
         axes = tuple(Axis(min(s[i] for s in shapes), max(s[i] for s in shapes)) for i in range(ranks.pop()))
         if any(a.min < 1 for a in axes) if axes else False:
             raise SignatureError(f"output {name!r} has an empty axis ({shapes}); Triton needs every dim >= 1.")
-        outputs.append(TensorSpec(name, dtype_from_numpy(observed[0][k].dtype), axes))
+        outputs.append(TensorSpec(name, dtype_from_numpy(observed[0][k].dtype), axes, origin=paths[k] if nested else ""))
+    if not batching:  # found here, not after every candidate was built and measured (the config rules refuse it too)
+        scalar = next((t.name for t in (*inputs, *outputs) if not t.axes), None)
+        if scalar is not None:
+            raise SignatureError(
+                f"tensor {scalar!r} is a scalar in a non-batching model; Triton rejects it (\"cannot have empty reshape for "
+                "non-batching model as scalar tensors are not supported\"). Give it one dimension (x.reshape(1) in "
+                "forward()), or export with batching."
+            )
     return replace(sig, outputs=tuple(outputs))

@@ -48,6 +48,7 @@ class TensorSpec:
     dtype: DType
     axes: tuple[Axis, ...]
     value_range: tuple[float, float] | None = None
+    origin: str = ""  # an output's place in what forward() returns ("logits", "[1][0]"), when that is nested
 
     @property
     def dynamic_axes(self) -> tuple[int, ...]:
@@ -69,6 +70,7 @@ class TensorSpec:
             "dtype": self.dtype.name,
             "dims": [str(a) for a in self.axes],
             "value_range": list(self.value_range) if self.value_range else None,
+            **({"origin": self.origin} if self.origin else {}),
         }
 
     @classmethod
@@ -78,6 +80,7 @@ class TensorSpec:
             dtype=dtype_from_name(d["dtype"]),
             axes=tuple(parse_axis(s) for s in d["dims"]),
             value_range=tuple(d["value_range"]) if d.get("value_range") else None,
+            origin=d.get("origin", ""),
         )
 
 

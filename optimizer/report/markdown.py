@@ -123,7 +123,8 @@ def _summary(result: TuneResult, settings: dict[str, Any], published: dict[str, 
     )
     sig = result.signature
     tensors = ", ".join(f"`{t['name']}` {t['dtype']} [{'x'.join(t['dims']) or 'scalar'}]" for t in sig.get("inputs", []))
-    outs = ", ".join(f"`{t['name']}` {t['dtype']} [{'x'.join(t['dims']) or 'scalar'}]" for t in sig.get("outputs", []))
+    outs = ", ".join(f"`{t['name']}` {t['dtype']} [{'x'.join(t['dims']) or 'scalar'}]" + (f" (`{t['origin']}`)" if t.get("origin") else "")
+                     for t in sig.get("outputs", []))
     lines.append(f"Inputs {tensors}; outputs {outs}" + ("" if sig.get("batching", True) else "; no batching") + ".")
     if settings:
         lines.append("Replay this run with `aitune-export export --config settings.toml` (beside report.json).")

@@ -1,7 +1,9 @@
 """The answer check before any variant counts: the server answers the export's samples within the export's tolerances.
 
 A served search that measured a config answering wrongly would publish a fast wrong model; the start variant is checked
-over the protocol the search uses, by the same check `validate` runs.
+over the protocol the search uses, by the same check `validate` runs, and by the same measure: the elementwise
+tolerances for an fp32 winner, the accuracy gate a bf16 or INT8 winner passed in-process (held to fp32 tolerances, a
+bf16 OpenVINO winner was refused here while `validate` passed it, and the search was skipped).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def wrong_answers(result: TuneResult, protocol: str, url: str, timeout_s: float,
     from optimizer.triton.server import open_client, triton_message
     from optimizer.triton.validation.checks import check_answers
     from optimizer.triton.validation.client import served_config
+    from optimizer.triton.validation.expectation import accuracy_gate_of
 
     reference = result.reference
     back = {} if fronted else {original: served for served, original in renamed.items()}
@@ -31,7 +34,7 @@ def wrong_answers(result: TuneResult, protocol: str, url: str, timeout_s: float,
     client = open_client(protocol, url, timeout_s)
     try:
         check = check_answers(client, protocol, name, served_config(client, name), feeds, outputs, list(reference.points),
-                              tolerances_from_json(result.tolerances))
+                              tolerances_from_json(result.tolerances), accuracy_gate_of(result))
     except (InferenceServerException, OSError) as err:  # its config could not be read back: the server is not serving it
         return f"Triton answered: {triton_message(err)}"
     finally:

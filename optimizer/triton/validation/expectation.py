@@ -62,7 +62,7 @@ def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | 
     return max(matches, key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
 
 
-def _gate_of(result: Any) -> AccuracyBudget | None:
+def accuracy_gate_of(result: Any) -> AccuracyBudget | None:
     """The accuracy budget the selected candidate was judged by, if it was (a bf16 or INT8 winner)."""
     try:
         correctness = result.selected_candidate.correctness
@@ -111,7 +111,7 @@ def load_export_reference(report_path: Path) -> ExportReference:
         predicted_batch=best.batch_size if best else None,
         predicted_busy=best.others_cpu_share if best else None,
         tolerances=tolerances_from_json(result.tolerances),
-        accuracy=_gate_of(result),
+        accuracy=accuracy_gate_of(result),
         input_names=signature.input_names,
         output_names=signature.output_names,
         profile_feed=_optional_sample_file(result.reference.profile_feed, report_dir),
