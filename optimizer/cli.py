@@ -195,7 +195,9 @@ def max_batch_line(result, config: dict | None) -> str:
     in_process = chosen.decision.max_batch_size if chosen.decision else result.max_batch_size
     if published is None or published == in_process:
         return text
-    return f"published max_batch_size {published}: the served search measured it best (the in-process rule said {in_process}: {text})"
+    why = ("the served search measured it best" if published != result.max_batch_size else
+           "the rules' max for a backend that computes max_batch_size rows per execution, closest to the best at every load")
+    return f"published max_batch_size {published}: {why} (the in-process rule said {in_process}: {text})"
 
 
 @main.command("export-many")

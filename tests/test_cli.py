@@ -123,3 +123,5 @@ def test_the_max_batch_line_names_the_published_max_when_the_served_search_chose
     assert line.startswith("published max_batch_size 4: the served search measured it best (the in-process rule said 8: ")
     assert max_batch_line(result, {"max_batch_size": 8}).startswith("max_batch_size 8: ")
     assert max_batch_line(result, None).startswith("max_batch_size 8: ")
+    result.max_batch_size = 4  # the rules' max of a padding backend, published with no served search
+    assert max_batch_line(result, {"max_batch_size": 4}).startswith("published max_batch_size 4: the rules' max for a backend that computes")
