@@ -118,3 +118,15 @@ def test_backend_settings_are_checked():
     with pytest.raises(BackendError, match="has no setting"):
         backend_named("onnxruntime", threads=3)
     assert backend_named("onnxruntime").cache_key() != backend_named("onnxruntime", graph_level="basic").cache_key()
+
+
+def test_outputs_smaller_than_the_tolerance_are_judged_against_their_own_scale():
+    # a randomly initialised mobilenet_v3_small answers around 1e-11: under fp32's atol 1e-4 any answer that size passed
+    rng = np.random.default_rng(0)
+    tiny = rng.standard_normal((2, 10)) * 1e-11
+    garbage = compare_outputs("batch=2", ["output__0"], ["float32"], [rng.standard_normal((2, 10)) * 1e-11], [tiny])
+    assert not garbage.passed and "every reference value is below atol 0.0001" in garbage.outputs[0].note
+    reordered = compare_outputs("batch=2", ["output__0"], ["float32"], [tiny * (1 + 1e-6)], [tiny])
+    assert reordered.passed  # fp32 reordering moves a value by about 1e-6 of itself
+    ordinary = compare_outputs("batch=2", ["output__0"], ["float32"], [tiny * 1e10 + 5e-5], [tiny * 1e10])
+    assert ordinary.passed  # outputs above atol: atol and rtol alone decide, as before

@@ -27,6 +27,13 @@ EXACT = Tolerance(0.0, 0.0)
 """Integer and boolean outputs must match exactly."""
 
 
+SCALE_SHARE = 0.1
+"""An output whose every reference value is below atol passes any answer of that size: there, the largest error must
+also stay under this share of the output's own scale (its largest |reference| value). A wrong answer misses by about
+its whole scale; fp32 reordering by about 1e-6 of it, bf16 rounding by about 1e-2.
+A randomly initialised mobilenet_v3_small answers around 1e-11, under fp32's atol 1e-4."""
+
+
 REDUCED_PRECISION_DTYPE = MappingProxyType({"fp16": "float16", "bf16": "bfloat16"})
 """The dtype whose tolerance applies to float outputs of a candidate built at a reduced --precision."""
 
@@ -110,5 +117,10 @@ def compare_outputs(
         max_abs = float(np.nan_to_num(diff.max(), nan=np.inf)) if diff.size else 0.0
         max_rel = float(np.nan_to_num(rel.max(), nan=np.inf)) if rel.size else 0.0
         note = "NaN where the reference has a number (or the reverse)" if nan_mismatch else ("infinity mismatch" if inf_mismatch else "")
+        scale = float(np.abs(ef[finite]).max()) if finite.any() else 0.0
+        if ok and 0.0 < scale < tol.atol and max_abs > SCALE_SHARE * scale:
+            ok = False
+            note = (f"every reference value is below atol {tol.atol:g} (largest {scale:.3g}), and the answer misses by "
+                    f"{max_abs / scale:.3g} of that scale (at most {SCALE_SHARE:g})")
         results.append(OutputError(name, True, max_abs, max_rel, tol.atol, tol.rtol, ok and not nan_mismatch and not inf_mismatch, note))
     return CorrectnessCase(point, results)
