@@ -42,7 +42,7 @@ def workspace(in_tmp: Path) -> Path:
 CASES = [
     (["--samples", "wrong_shape.npz"], 2, "axis 2 is 32, outside 64"),
     (["--samples", "wrong_dtype.npz"], 2, "is float64, expected float32"),
-    (["--samples", "wrong_name.npz"], 2, "do not match the model's ['image']"),
+    (["--samples", "wrong_name.npz"], 2, "do not match the model's ['image'] (missing image) (unknown img); name each array after the model's input"),
     (["tests.fixtures.models:two_inputs", "--samples", "mixed_batch.npz"], 2, "different batch sizes"),
     (["--samples", "corrupt.npz"], 2, "not a readable .npz"),
     (["--config", "unknown_key.toml"], 2, "unknown key 'max_batch'"),

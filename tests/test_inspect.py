@@ -111,3 +111,13 @@ def test_a_release_caveat_is_printed_once_per_backend(in_tmp: Path):
     object.__setattr__(inspection, "to_json", lambda: doc)
     caveats = [line for line in describe(inspection) if line.startswith("  torchscript torch:")]
     assert len(caveats) == 1
+
+
+def test_a_per_sample_scalar_shows_the_dims_and_reshape_config_pbtxt_gets():
+    # (a * b).sum(dim=1) is one value per sample: published as dims [1] with reshape [], which inspect shows too
+    doc = _inspect("tests.fixtures.models:two_inputs")
+    added, summed = doc["signature"]["outputs"]
+    assert added["triton_dims"] == [8] and "triton_reshape" not in added
+    assert summed["dims"] == [] and summed["triton_dims"] == [1] and summed["triton_reshape"] == []
+    text = CliRunner().invoke(main, ["inspect", "tests.fixtures.models:two_inputs"]).stdout
+    assert "triton dims [1] reshape []" in text

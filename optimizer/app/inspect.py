@@ -138,7 +138,8 @@ def _tensor_json(t: TensorSpec) -> dict[str, Any]:
         "name": t.name,
         "dtype": t.dtype.name,
         "dims": [str(a) for a in t.axes],
-        "triton_dims": t.triton_dims,
+        "triton_dims": t.triton_dims or [1],  # a per-sample scalar: dims [1] with an empty reshape, as config.pbtxt says
+        **({"triton_reshape": []} if not t.triton_dims else {}),
         "dynamic_axes": list(t.dynamic_axes),
         "value_range": list(t.value_range) if t.value_range else None,
         **({"origin": t.origin} if t.origin else {}),
@@ -160,7 +161,7 @@ def describe(inspection: Inspection) -> list[str]:
             dynamic = ", ".join(f"dims[{i}] {t['dims'][i]}" for i in t["dynamic_axes"]) or "none"
             values = f"  values {t['value_range'][0]:g}..{t['value_range'][1]:g}" if t["value_range"] else ""
             origin = f"  from forward()'s {t['origin']}" if t.get("origin") else ""
-            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}  dynamic: {dynamic}{values}{origin}")
+            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}{' reshape []' if 'triton_reshape' in t else ''}  dynamic: {dynamic}{values}{origin}")
     release = doc["triton_release"]
     if release:
         lines.append(f"triton      {release['summary']}" + ("; --allow-version-mismatch" if release["allow_version_mismatch"] else ""))

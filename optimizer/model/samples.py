@@ -101,7 +101,8 @@ def check_feed(signature: Signature, feed: Feed, where: str) -> None:
     if missing or extra:
         raise SignatureError(
             f"{where}: inputs {sorted(feed)} do not match the model's {signature.input_names}"
-            f"{' (missing ' + ', '.join(missing) + ')' if missing else ''}{' (unknown ' + ', '.join(extra) + ')' if extra else ''}."
+            f"{' (missing ' + ', '.join(missing) + ')' if missing else ''}{' (unknown ' + ', '.join(extra) + ')' if extra else ''}; "
+            "name each array after the model's input (np.savez(path, NAME=array); NAME.K for several requests)."
         )
     batch_sizes = set()
     for spec in signature.inputs:
