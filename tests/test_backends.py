@@ -13,6 +13,7 @@ from optimizer.model.reference import resolve_signature, run_reference
 from optimizer.model.samples import ShapePoint, generate_feed
 from optimizer.model.signature import Signature, parse_input_spec
 from optimizer.model.source import load_model
+from optimizer.records.correctness import Tolerance
 from optimizer.task.correctness import compare_outputs
 
 pytestmark = pytest.mark.slow
@@ -130,3 +131,5 @@ def test_outputs_smaller_than_the_tolerance_are_judged_against_their_own_scale()
     assert reordered.passed  # fp32 reordering moves a value by about 1e-6 of itself
     ordinary = compare_outputs("batch=2", ["output__0"], ["float32"], [tiny * 1e10 + 5e-5], [tiny * 1e10])
     assert ordinary.passed  # outputs above atol: atol and rtol alone decide, as before
+    loosened = compare_outputs("batch=2", ["output__0"], ["float32"], [rng.standard_normal((2, 10)) * 1e-11], [tiny], {"": Tolerance(1e-4, 1e-4)})
+    assert loosened.passed  # the user's own --tolerance (even the default's value) is theirs: not second-guessed
