@@ -189,7 +189,7 @@ def _padded_max_for_every_load(result: TuneResult, settings: ExportSettings) -> 
     platform = cand.artifact.platform if cand.artifact is not None else None
     decision = cand.decision
     if (platform is None or not platform.pads_batch or decision is None or not decision.profiles or settings.batch_cap() is not None
-            or decision.decided_by in ("user_cap", "recorded") or result.max_batch_size <= 1):
+            or decision.decided_by == "recorded" or result.max_batch_size <= 1):
         return
     chosen = every_load_max([p for p in decision.profiles if p.batch_size <= result.max_batch_size])
     if chosen < result.max_batch_size:

@@ -25,6 +25,7 @@ from optimizer.settings import ExportSettings
 from optimizer.task.correctness import DEFAULT_TOLERANCES, precision_tolerances
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.screening import screen
+from optimizer.triton.model_config import tensor_entry
 from optimizer.vocab import PRECISIONS
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ class Inspection:
             "model": self.model,
             "signature": {
                 "batching": self.signature.batching,
-                "inputs": [_tensor_json(t) for t in self.signature.inputs],
-                "outputs": [_tensor_json(t) for t in self.signature.outputs],
+                "inputs": [_tensor_json(t, self.signature.batching) for t in self.signature.inputs],
+                "outputs": [_tensor_json(t, self.signature.batching) for t in self.signature.outputs],
             },
             "candidates": [asdict(c) for c in self.candidates],
             "strategy": self.strategy,
@@ -133,13 +134,14 @@ def inspect_model(settings: ExportSettings) -> Inspection:
     )
 
 
-def _tensor_json(t: TensorSpec) -> dict[str, Any]:
+def _tensor_json(t: TensorSpec, batching: bool) -> dict[str, Any]:
+    entry = tensor_entry(t, batching)  # dims and reshape as config.pbtxt will have them (a per-sample scalar: [1], reshape [])
     return {
         "name": t.name,
         "dtype": t.dtype.name,
         "dims": [str(a) for a in t.axes],
-        "triton_dims": t.triton_dims or [1],  # a per-sample scalar: dims [1] with an empty reshape, as config.pbtxt says
-        **({"triton_reshape": []} if not t.triton_dims else {}),
+        "triton_dims": entry.dims,
+        **({"triton_reshape": entry.reshape} if entry.reshape is not None else {}),
         "dynamic_axes": list(t.dynamic_axes),
         "value_range": list(t.value_range) if t.value_range else None,
         **({"origin": t.origin} if t.origin else {}),
@@ -161,7 +163,8 @@ def describe(inspection: Inspection) -> list[str]:
             dynamic = ", ".join(f"dims[{i}] {t['dims'][i]}" for i in t["dynamic_axes"]) or "none"
             values = f"  values {t['value_range'][0]:g}..{t['value_range'][1]:g}" if t["value_range"] else ""
             origin = f"  from forward()'s {t['origin']}" if t.get("origin") else ""
-            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}{' reshape []' if 'triton_reshape' in t else ''}  dynamic: {dynamic}{values}{origin}")
+            reshape = f" reshape {t['triton_reshape']}" if "triton_reshape" in t else ""
+            lines.append(f"  {t['name']:<{width}}  {t['dtype']:<8} {dims:<14} triton dims {t['triton_dims']}{reshape}  dynamic: {dynamic}{values}{origin}")
     release = doc["triton_release"]
     if release:
         lines.append(f"triton      {release['summary']}" + ("; --allow-version-mismatch" if release["allow_version_mismatch"] else ""))
