@@ -132,7 +132,7 @@ def test_an_export_beside_a_busy_core_measures_in_process_on_the_free_one_and_se
     busy = available_cores()[0]
     with spinning_on(busy):
         r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "4",
-                    "--serve-search-seconds", "40", cwd=in_tmp, serve_search=True)
+                    "--serve-search-seconds", "25", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     assert "kept" in r.stderr and "scaled" in r.stderr  # the user is told, in the run and in the report
     assert "the server runs on every core beside them" in r.stderr

@@ -259,6 +259,8 @@ def test_cli_exports_torch_aoti_and_checks_openvino(cli_runs, spec):
     config = parse((model_dir / "config.pbtxt").read_text())
     assert config.platform == "torch_aoti" and sorted(p.name for p in (model_dir / "1").iterdir()) == ["model.pt2"]
     assert 1 <= config.max_batch_size <= 4 and config.instance_group[0].kind == 2  # KIND_CPU
+    if spec == TRANSFORMER:  # the dynamic sequence axis is -1 in the config, the int64 ids TYPE_INT64
+        assert list(config.input[0].dims) == [-1] and config.input[0].data_type == 9
     labels = {p.label for p in _points(_load(spec)[1])}
     aoti, ov = _candidate(result, "torch-aoti"), _candidate(result, "openvino")
     assert aoti["status"] == "passed" and result["selected"] == aoti["name"]

@@ -92,23 +92,6 @@ def test_bundled_example_end_to_end(in_tmp: Path):
     assert "selected" in r.stdout and "max_batch_size" in r.stdout
 
 
-def test_transformer_with_dynamic_sequence(in_tmp: Path):
-    r = run_cli("export", "optimizer.examples.transformer:build", "--input", "input_ids:int64:1-128",
-                "--value-range", "input_ids:0:999", "--backend", "onnxruntime", "--backend", "torchscript",
-                "--max-batch-size", "8", cwd=in_tmp)
-    assert r.returncode == 0, r.stderr
-    model_dir = in_tmp / "model_repository" / "transformer"
-    config = parse((model_dir / "config.pbtxt").read_text())
-    assert list(config.input[0].dims) == [-1] and config.input[0].data_type == 9  # TYPE_INT64
-    report = _report(in_tmp / "aitune-reports" / "transformer" / "report.json")
-    chosen = report["result"]["selected"]
-    points = [c["point"] for c in next(c for c in report["result"]["candidates"] if c["name"] == chosen)["correctness"]["cases"]]
-    assert "batch=1,axes=min" in points and "batch=3,axes=max" in points
-    published = next(p for p in (model_dir / "1").iterdir())
-    _matches_eager("optimizer.examples.transformer:build", published, report, [ShapePoint(1, "min"), ShapePoint(2, "max")])
-    assert config.max_batch_size <= 8
-
-
 def test_wrong_artifacts_are_rejected_with_their_error_and_nothing_is_published(in_tmp: Path):
     # --allow-version-mismatch: every default candidate is built and checked, whatever the local OpenVINO's version
     r = run_cli("export", "tests.fixtures.models:differs_when_exported", "--max-batch-size", "2", "--allow-version-mismatch", cwd=in_tmp)

@@ -57,7 +57,7 @@ def _valid_model(model_dir: Path) -> bool:
     return config.name == model_dir.name and (model_dir / "1" / "model.onnx").stat().st_size > 0
 
 
-@pytest.mark.serial  # looks for leftover candidate processes machine-wide
+# not serial: every check (its processes, its tritonservers) is limited to this test's folder, so it runs beside the others
 def test_killing_an_export_at_random_moments_never_damages_the_repository(in_tmp: Path):
     # seeded, so runs 2+ take the build and its measurement from the cache and reach the served search and the publish
     # within the kill window (an unseeded model's weights, and so its cache key, change on every run); each run gives the

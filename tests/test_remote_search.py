@@ -51,7 +51,7 @@ def test_export_url_searches_on_the_users_server_and_leaves_it_as_it_was(in_tmp:
         client = open_client("http", f"127.0.0.1:{http}")
         before = [m for m in client.get_model_repository_index() if m.get("state") == "READY"]
         r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--backend", "torchscript", "--strategy", "first-wins",
-                    "--eager-gate", "disabled", "--concurrency", "4", "--url", f"127.0.0.1:{http}", "--serve-search-seconds", "25",
+                    "--eager-gate", "disabled", "--concurrency", "4", "--url", f"127.0.0.1:{http}", "--serve-search-seconds", "20",
                     cwd=in_tmp, serve_search=True)
         assert r.returncode == 0, r.stderr
         after = [m for m in client.get_model_repository_index() if m.get("state") == "READY"]

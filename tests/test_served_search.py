@@ -511,7 +511,7 @@ def test_torch_aoti_is_searched_at_the_load_given_and_validated_locally_through_
     """The load given, through the pytorch stand-in (Triton 2.51 has no torch_aoti; see
     _searched_at_the_given_load_and_validated)."""
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "torch-aoti", "--eager-gate", "disabled", "--max-batch-size", "8",
-                "--concurrency", "4", "--serve-search-seconds", "35", "--validate", "--validate-concurrency", "2:4:2", cwd=in_tmp,
+                "--concurrency", "4", "--serve-search-seconds", "20", "--validate", "--validate-concurrency", "2:4:2", cwd=in_tmp,
                 serve_search=True)  # validate at 2, a prediction (the search measures 4, and 1 for the prediction's anchor when time is left), and at 4, a repeat
     assert r.returncode == 0, r.stderr
     config = parse((in_tmp / "model_repository" / "mlp__positional" / "config.pbtxt").read_text())  # behind the ensemble mlp

@@ -548,7 +548,7 @@ def test_the_export_reference_is_read_from_the_typed_report(tmp_path: Path):
     with pytest.raises(RepositoryError, match=r"is not an aitune-export report \(KeyError: 'result'\); point --report at"):
         load_export_reference(folder / "report.json")
 
-@pytest.mark.slow
+@pytest.mark.long  # a benchmark's smoke run (the emitted config against a naive one): make test-long runs it
 def test_served_throughput_benchmark_compares_with_a_naive_config(ort_export, work: Path):
     import re
     import subprocess
