@@ -18,6 +18,7 @@ from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.served_search import ServedSearch
 from optimizer.task.core_share import CoreShare, probe
+from optimizer.task.load_watch import LoadWatch
 from optimizer.task.find_max_batch_size import scaled_for_cores
 from optimizer.task.profiling import ContentionMeter
 from optimizer.triton.model_config import parse
@@ -48,6 +49,31 @@ def _share_while_sleeping(seconds: float = 0.5) -> float:
 
 
 # -- the probe and the meter ---------------------------------------------------------------------------
+
+
+def _spin(seconds: float, outside: bool) -> subprocess.Popen | None:
+    """A busy loop for `seconds`: our own child (as tritonserver and perf_analyzer are), or another process's (a shell
+    starts it in the background and exits, so it is no descendant of this one)."""
+    loop = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    if not outside:
+        return subprocess.Popen([sys.executable, "-c", loop])
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" >/dev/null 2>&1 &', loop], check=True)
+    return None
+
+
+def test_the_load_watch_counts_other_processes_and_not_our_own_children():
+    child = _spin(1.5, outside=False)
+    with LoadWatch() as ours:
+        time.sleep(1.5)
+    child.wait()
+    time.sleep(0.2)
+    _spin(1.5, outside=True)
+    time.sleep(0.1)
+    with LoadWatch() as theirs:
+        time.sleep(1.2)
+    assert ours.peak is not None and theirs.peak is not None
+    assert ours.peak < 0.4, f"our own child's busy loop was counted as other processes' load ({ours.peak} cores)"
+    assert theirs.peak >= 0.7, f"another process's busy loop was not seen ({theirs.peak} cores)"
 
 
 @needs_two_cores

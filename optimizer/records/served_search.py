@@ -79,6 +79,7 @@ class LoadLevel:
     p95_ms: float
     p99_ms: float
     server_batch: float | None = None  # inferences per model execution: the batch the dynamic batcher really formed
+    others_busy: float | None = None  # other processes' most CPU (cores, any half second) while it was measured; None: not watched
 
     def latency(self, percentile: int) -> float:
         """The latency at a percentile perf_analyzer reports (50, 90, 95, 99)."""
@@ -168,6 +169,7 @@ class ServedSearch:
     waited_s: float | None = None  # --wait-for-cores: how long the search waited for the cores others used
     refused: bool = False  # the user's server (--url) refused to load the artifact: the export tries the next candidate
     cached_from: str = ""  # when the reused measurements were taken (UTC, ISO 8601); "" when they were taken in this run
+    remeasured: int = 0  # measurements taken again because other processes' load rose while they ran (run.py: DISTURBED)
 
     @property
     def chosen_variant(self) -> ServedVariant | None:

@@ -95,6 +95,9 @@ def _story(search: dict[str, Any]) -> str:
                   "published as measured; its throughputs are below what an idle machine gives, and a quiet export can choose otherwise.")
         if search.get("held_layout"):
             third += f" {search['held_layout'][0].upper()}{search['held_layout'][1:]}."
+    if search.get("remeasured"):
+        third += (f" Other processes' load rose while {search['remeasured']} measurement(s) ran; each was taken again once it fell "
+                  "back, and the least disturbed one counts (report.json keeps others' load, in cores, beside each measurement).")
     return f"{first} {second}{third}"
 
 

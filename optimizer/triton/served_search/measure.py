@@ -132,9 +132,11 @@ def settle_level(a: ServedVariant, b: ServedVariant, objective: Objective) -> in
 
 
 def mean_level(levels: list[LoadLevel]) -> LoadLevel:
-    """Repeated measurements of one load as one: the mean of each figure."""
+    """Repeated measurements of one load as one: the mean of each figure (of others' load, the most)."""
     def avg(xs: list[float | None]) -> float | None:
         vals = [x for x in xs if x is not None]
         return sum(vals) / len(vals) if vals else None
 
-    return LoadLevel(levels[0].concurrency, *(avg([getattr(lv, f) for lv in levels]) for f in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "server_batch")))
+    others = [lv.others_busy for lv in levels if lv.others_busy is not None]
+    return LoadLevel(levels[0].concurrency, *(avg([getattr(lv, f) for lv in levels]) for f in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "server_batch")),
+                     others_busy=max(others) if others else None)

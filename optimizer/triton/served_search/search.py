@@ -148,7 +148,8 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         deadline = time.monotonic() + request.budget_s
         with VariantLoader(where.url, protocol=request.protocol, place=where.place, files=where.files, check_alive=where.check_alive) as loader:
             bench = Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol)
-            run = SearchRun(result, options, request, search, loader, bench, where.check_alive, deadline, on_event)
+            run = SearchRun(result, options, request, search, loader, bench, where.check_alive, deadline, on_event,
+                            baseline=share.others_busy if share is not None else None)
             best = run.measure([first], "start")[0]
             if best.status != "measured":
                 search.refused = request.url is not None and best.reason.startswith(("Triton could not load it", "its answers are wrong"))

@@ -1,0 +1,121 @@
+"""Other processes' CPU while something is measured: so a measurement that load from elsewhere reached can be told.
+
+core_share.probe looks once, before measuring begins. Real background load comes and goes (a build step, another
+job's bursts): on a machine that was quiet at the probe, a 2 s burst that lands in one variant's window makes that
+variant look slower than its neighbours, and the search publishes whichever variant the bursts missed
+(benchmarks/noisy_choice.py, issue 27: 0.77-0.82x of the quiet choice under 2 s on / 3 s off bursts). A watch samples
+/proc/stat beside the measurement and subtracts this process tree's own CPU (the server, its backends' stubs and
+perf_analyzer are children), so what remains is other processes' load. In-process measurement has the same guard
+with its own process's CPU (task/profiling.py: ContentionMeter, measure_settled).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from optimizer.machine import available_cores
+from optimizer.task.core_share import read_cpu_busy
+
+SAMPLE_S = 0.25
+STRETCH_SAMPLES = 2
+"""Others' load is judged over half-second stretches (two samples): short enough to see a burst inside a 2-3 s
+measurement, long enough that tick rounding (100 Hz: a few ticks per core) stays under 0.1 core."""
+
+
+def tree_ticks() -> int | None:
+    """CPU of this process and every descendant, in clock ticks: live children's own, and finished ones' through their
+    parents' children times (perf_analyzer runs come and go inside a measurement)."""
+    try:
+        import psutil
+
+        me = psutil.Process()
+        procs = [me, *me.children(recursive=True)]
+    except Exception:
+        return None
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except Exception:  # it ended between listing and reading: its parent's children times count it once reaped
+            continue
+        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return int(round(total * os.sysconf("SC_CLK_TCK")))
+
+
+class LoadWatch:
+    """A context manager: samples others' CPU (in cores) every SAMPLE_S while its block runs.
+
+    `peak` is the most others used over any half-second stretch; None where /proc/stat or the process tree cannot be
+    read (off Linux), so callers treat the measurement as undisturbed, as before."""
+
+    def __init__(self, sample_s: float = SAMPLE_S) -> None:
+        self.sample_s = sample_s
+        self.samples: list[float] = []
+        self.times: list[float] = []  # when each sample's interval ended (time.monotonic())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cores = available_cores()
+        self._last: tuple[float, int, int] | None = None
+
+    def _read(self) -> tuple[float, int, int] | None:
+        busy, own = read_cpu_busy(), tree_ticks()
+        if busy is None or own is None:
+            return None
+        return time.monotonic(), sum(busy.get(c, 0) for c in self._cores), own
+
+    def _sample(self) -> None:
+        now = self._read()
+        if now is None or self._last is None:
+            self._last = now
+            return
+        seconds = now[0] - self._last[0]
+        if seconds > 0:
+            ticks = seconds * os.sysconf("SC_CLK_TCK")
+            self.samples.append(max(0.0, ((now[1] - self._last[1]) - (now[2] - self._last[2])) / ticks))
+            self.times.append(now[0])
+        self._last = now
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.sample_s):
+            self._sample()
+
+    def __enter__(self) -> LoadWatch:
+        self._last = self._read()
+        if self._last is not None:
+            self._thread = threading.Thread(target=self._run, name="load-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+
+    @property
+    def peak(self) -> float | None:
+        """Others' most CPU, in cores, over any STRETCH_SAMPLES consecutive samples (None when nothing was read)."""
+        return self.peak_within(0.0)
+
+    def peak_within(self, last_s: float) -> float | None:
+        """`peak` over the samples of the last `last_s` seconds only (0: all); None when nothing was read."""
+        if not self.samples:
+            return None
+        since = self.times[-1] - last_s if last_s > 0 else float("-inf")
+        samples = [x for x, t in zip(self.samples, self.times) if t - self.sample_s >= since] or self.samples[-1:]
+        k = min(STRETCH_SAMPLES, len(samples))
+        return round(max(sum(samples[i:i + k]) / k for i in range(len(samples) - k + 1)), 2)
+
+
+def wait_for_quiet(limit: float, wait_s: float, step_s: float = 0.5) -> float | None:
+    """Wait up to `wait_s` for others' load to fall to `limit` cores or below (half-second looks); the last load seen
+    (None when it cannot be read)."""
+    end = time.monotonic() + wait_s
+    while True:
+        with LoadWatch(sample_s=step_s / STRETCH_SAMPLES) as watch:
+            time.sleep(step_s)
+        if watch.peak is None or watch.peak <= limit or time.monotonic() >= end:
+            return watch.peak
