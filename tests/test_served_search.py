@@ -347,9 +347,11 @@ def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monk
     assert levels and all(lv.others_busy == 0.0 for lv in levels)  # every level that counts was measured undisturbed
 
 
-def test_a_steady_load_seen_as_the_search_began_is_the_baseline_not_a_disturbance(monkeypatch, tmp_path: Path):
+def _steady_watch(cores: float) -> type:
+    """A stand-in for LoadWatch that sees other processes use `cores` during every measurement."""
+
     class Watch:
-        peak = 1.1  # a spinner the probe saw (1.0 core) keeps running: nothing is measured again
+        peak = cores
 
         def __enter__(self):
             return self
@@ -360,27 +362,19 @@ def test_a_steady_load_seen_as_the_search_began_is_the_baseline_not_a_disturbanc
         def peak_within(self, last_s):
             return self.peak
 
-    monkeypatch.setattr(search_module, "LoadWatch", Watch)
+    return Watch
+
+
+def test_a_steady_load_seen_as_the_search_began_is_the_baseline_not_a_disturbance(monkeypatch, tmp_path: Path):
+    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(1.1))  # a spinner the probe saw (1.0 core) keeps running
     monkeypatch.setattr(search_module, "wait_for_quiet", lambda *a: pytest.fail("waited for a load that was there from the start"))
     _, search, _, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), baseline=1.0)
     assert search.remeasured == 0
 
 
 def test_a_load_that_arrives_and_stays_is_waited_for_once_then_measured_beside(monkeypatch, tmp_path: Path):
-    class Watch:
-        peak = 1.0  # a job started after the probe and runs to the end
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
-
-        def peak_within(self, last_s):
-            return self.peak
-
     waits: list[float] = []
-    monkeypatch.setattr(search_module, "LoadWatch", Watch)
+    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(1.0))  # a job started after the probe and runs to the end
     monkeypatch.setattr(search_module, "wait_for_quiet", lambda limit, wait_s: waits.append(limit) or 1.0)
     run, search, _, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), baseline=0.0)
     assert len(waits) == 1 and search.remeasured == 0  # measuring again beside it would give the same figures
