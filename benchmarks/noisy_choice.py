@@ -165,6 +165,15 @@ def export_once(run: Run, model_args: list[str], extra: list[str]) -> None:
         run.error = f"no readable report: {err!r}"
 
 
+def seen(run: Run) -> str:
+    """What the served search saw of the load, to explain a losing run: fewer cores at its probe, levels taken again."""
+    search = (run.report.get("published") or {}).get("served_search") or {}
+    tuned, served = (run.report.get("result") or {}).get("measured_on"), search.get("measured_on")
+    said = f"; tuned beside {float(tuned['others_busy']):.1f} busy cores" if tuned else ""
+    said += f"; served search beside {float(served['others_busy']):.1f} busy cores" if served else ""
+    return said + (f"; {search.get('remeasured', 0)} levels measured again" if search else "")
+
+
 def same_choice(run: Run, quiet: Run) -> bool:
     """The old agreement: same backend, max batch within one power of two (0.5x to 2x); a failed run never agrees."""
     if not run.ok or not quiet.ok or run.backend != quiet.backend:
@@ -312,7 +321,7 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
         return Run(label, workdir)
 
     quiet = fresh("quiet")
-    schedule = [("quiet", quiet)] + [(load, fresh(f"{load}{i + 1}")) for i in range(args.runs) for load in LOADS]
+    schedule = [("quiet", quiet)] + [(load, fresh(f"{load}{i + 1}")) for i in range(args.runs) for load in args.loads]
     for load, run in schedule:
         before = os.getloadavg()[0]  # other work on the machine before this export: a 'quiet' run is only as quiet as this
         spinners = [] if load == "quiet" else start_spinners(args.spin_cores, args.burst_on, 0.0 if load == "steady" else args.burst_off)
@@ -320,7 +329,7 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
             export_once(run, MODELS[name], extra)
         finally:
             stop_spinners(spinners)
-        detail = f"tune {run.tune_seconds:.1f} s" if run.ok else run.error
+        detail = f"tune {run.tune_seconds:.1f} s{seen(run)}" if run.ok else run.error
         print(f"{name} {run.label}: {run.choice()} ({detail}; wall {run.wall_seconds:.1f} s; load before {before:.2f})", flush=True)
     busy = [run for load, run in schedule if load != "quiet"]
     served = (quiet.report.get("published") or {}).get("served_search") or {}
@@ -332,7 +341,7 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
     if not quiet.ok:
         print(f"{name}: the quiet run failed ({quiet.error}); every ratio is 0", flush=True)
     lines = []
-    for load in LOADS:
+    for load in args.loads:
         runs = [run for label, run in schedule if label == load]
         ratios = [run_ratio(r.blocks) if quiet.ok and r.ok and r.blocks else (0.0, None, None) for r in runs]
         for r in runs:
@@ -359,8 +368,12 @@ def main() -> None:
     parser.add_argument("--burst-on", type=float, default=2.0, help="seconds busy per burst (default 2)")
     parser.add_argument("--burst-off", type=float, default=3.0, help="seconds idle between bursts (default 3)")
     parser.add_argument("--concurrency", type=int, default=0, help="serve at this load (default: the quiet export's target)")
+    parser.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated, of {', '.join(LOADS)} (default both)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary export folders")
     args = parser.parse_args(argv)
+    args.loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    if not args.loads or any(x not in LOADS for x in args.loads):
+        parser.error(f"--loads takes {', '.join(LOADS)}, comma-separated; got {args.loads}")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown:

@@ -17,7 +17,7 @@ import pytest
 from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.served_search import ServedSearch
-from optimizer.task.core_share import CoreShare, probe
+from optimizer.task.core_share import PROBE_LONGEST_S, CoreShare, probe
 from optimizer.task.load_watch import LoadWatch
 from optimizer.task.find_max_batch_size import scaled_for_cores
 from optimizer.task.profiling import ContentionMeter
@@ -84,6 +84,25 @@ def test_the_probe_leaves_a_core_another_job_keeps_busy_to_it():
     assert share.reduced and busy not in share.cores and share.pin == sorted(share.cores)
     assert share.others_busy >= 0.6
     assert "kept 1.0 of" in share.summary() or "kept 0.9 of" in share.summary()
+
+
+@needs_two_cores
+def test_a_probe_that_lands_in_a_burst_waits_for_its_pause_and_keeps_every_core():
+    busy = available_cores()[0]
+    code = ("import os, sys, time\nos.sched_setaffinity(0, [int(sys.argv[1])])\nwhile True:\n"
+            "    end = time.monotonic() + 2.0\n    while time.monotonic() < end:\n        pass\n    time.sleep(2.0)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(busy)])  # another job: 2 s on, 2 s off
+    try:
+        time.sleep(0.5)  # inside its first burst: a one-second look sees one core busy throughout
+        t0 = time.monotonic()
+        share = probe()
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert took >= 1.4, f"the probe stopped after {took:.1f} s: it did not see the burst it started in"
+    assert not share.reduced, f"a load that pauses took a core for the whole run: {share.summary()}"
+    assert took <= PROBE_LONGEST_S + 0.6
 
 
 @needs_two_cores

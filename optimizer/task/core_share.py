@@ -4,8 +4,8 @@ Measured here with one spinning process on a two-core machine: candidates using 
 4-20x slower than quietly (every parallel region waits for the thread that shares a core with the
 spinner), by a different factor per backend, so the load picked the backend and the max batch.
 On the one free core, with one thread, every candidate slows by about the same factor and the
-ranking holds. So before the first measurement the machine is watched for PROBE_S; the cores
-others kept busy are left to them and every measurement of the run (each candidate, eager, the
+ranking holds. So before the first measurement the machine is watched for PROBE_S (up to
+PROBE_LONGEST_S while the load seen has not paused); the cores others kept busy are left to them and every measurement of the run (each candidate, eager, the
 paired comparison) is pinned to the rest, with one thread per core. The cores are chosen once
 per run: candidates measured on different cores could not be compared.
 
@@ -29,6 +29,12 @@ from optimizer.machine import available_cores
 log = logging.getLogger(__name__)
 
 PROBE_S = 1.0
+PROBE_LONGEST_S = 4.0
+"""How long a load seen at first is watched for a pause. Real load comes and goes: under 2 s on / 3 s off bursts a one-
+second look landed in a burst about half the time and put the whole run on one core (benchmarks/noisy_choice.py,
+issue 27). Longer than such a pause, short beside a search."""
+STRETCH_S = 0.5
+"""The probe's unit of judgement, as load_watch's: a steady job keeps every half second busy, bursts leave some idle."""
 TAKEN = 0.6
 """Others' CPU, in cores, from which a core counts as taken: one spinning process measured 0.97-1.0 here."""
 
@@ -100,19 +106,38 @@ def own_ticks() -> int | None:
         return None
 
 
-def probe(seconds: float = PROBE_S) -> CoreShare:
-    """Watch the machine for `seconds` (this process sleeping) and leave the cores others kept busy to them."""
+def _taken(others: float, available: int) -> int:
+    return min(int(others + (1.0 - TAKEN)), available - 1)
+
+
+def probe(seconds: float = PROBE_S, longest: float = PROBE_LONGEST_S) -> CoreShare:
+    """Watch the machine (this process sleeping) in half-second stretches and leave the cores others kept busy to them.
+
+    Load seen in the first `seconds` is watched up to `longest`: only a load that never lets up takes cores. One that
+    pauses (bursts) is judged by its quietest stretch, so a probe that lands in a burst does not put the whole run
+    on fewer cores; the measurements it then reaches are taken again (load_watch)."""
     available = available_cores()
-    start, own0 = read_cpu_busy(), own_ticks()
-    time.sleep(seconds)
-    end, own1 = read_cpu_busy(), own_ticks()
-    if start is None or end is None or len(available) < 2:
+    if len(available) < 2:
         return CoreShare(available, available, 0.0)
-    ticks = seconds * os.sysconf("SC_CLK_TCK")
-    busy = {c: max(0.0, min(1.0, (end.get(c, 0) - start.get(c, 0)) / ticks)) for c in available}
-    own = ((own1 or 0) - (own0 or 0)) / ticks
-    others = max(0.0, sum(busy.values()) - own)
-    taken = min(int(others + (1.0 - TAKEN)), len(available) - 1)
+    t0 = time.monotonic()
+    last = (read_cpu_busy(), own_ticks(), t0)
+    quietest: tuple[float, dict[int, float]] | None = None
+    while True:
+        time.sleep(STRETCH_S)
+        now = (read_cpu_busy(), own_ticks(), time.monotonic())
+        if last[0] is None or now[0] is None:
+            return CoreShare(available, available, 0.0)
+        ticks = (now[2] - last[2]) * os.sysconf("SC_CLK_TCK")
+        busy = {c: max(0.0, min(1.0, (now[0].get(c, 0) - last[0].get(c, 0)) / ticks)) for c in available}
+        others = max(0.0, sum(busy.values()) - ((now[1] or 0) - (last[1] or 0)) / ticks)
+        if quietest is None or others < quietest[0]:
+            quietest = (others, busy)
+        last = now
+        elapsed = now[2] - t0
+        if elapsed >= seconds and (_taken(quietest[0], len(available)) == 0 or elapsed >= longest):
+            break
+    others, busy = quietest
+    taken = _taken(others, len(available))
     cores = tuple(sorted(sorted(available, key=lambda c: (busy[c], c))[: len(available) - taken]))
     share = CoreShare(cores, available, round(others, 2))
     if share.reduced:
