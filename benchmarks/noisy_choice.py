@@ -169,8 +169,9 @@ def seen(run: Run) -> str:
     """What the served search saw of the load, to explain a losing run: fewer cores at its probe, levels taken again."""
     search = (run.report.get("published") or {}).get("served_search") or {}
     tuned, served = (run.report.get("result") or {}).get("measured_on"), search.get("measured_on")
-    said = f"; tuned beside {float(tuned['others_busy']):.1f} busy cores" if tuned else ""
-    said += f"; served search beside {float(served['others_busy']):.1f} busy cores" if served else ""
+    fewer = [share for share in (tuned, served) if share and len(share["cores"]) < len(share["available"])]
+    said = "".join(f"; {what} beside {float(share['others_busy']):.1f} busy cores" for what, share in
+                   (("tuned", tuned), ("served search", served)) if share in fewer)
     return said + (f"; {search.get('remeasured', 0)} levels measured again" if search else "")
 
 

@@ -29,10 +29,10 @@ from optimizer.machine import available_cores
 log = logging.getLogger(__name__)
 
 PROBE_S = 1.0
-PROBE_LONGEST_S = 4.0
+PROBE_LONGEST_S = 3.0
 """How long a load seen at first is watched for a pause. Real load comes and goes: under 2 s on / 3 s off bursts a one-
 second look landed in a burst about half the time and put the whole run on one core (benchmarks/noisy_choice.py,
-issue 27). Longer than such a pause, short beside a search."""
+issue 27). A 2 s burst leaves a quiet half second within 3 s; longer load counts as steady."""
 STRETCH_S = 0.5
 """The probe's unit of judgement, as load_watch's: a steady job keeps every half second busy, bursts leave some idle."""
 TAKEN = 0.6
