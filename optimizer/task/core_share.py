@@ -5,9 +5,10 @@ Measured here with one spinning process on a two-core machine: candidates using 
 spinner), by a different factor per backend, so the load picked the backend and the max batch.
 On the one free core, with one thread, every candidate slows by about the same factor and the
 ranking holds. So before the first measurement the machine is watched for PROBE_S (up to
-PROBE_LONGEST_S while the load seen has not paused); the cores others kept busy are left to them and every measurement of the run (each candidate, eager, the
-paired comparison) is pinned to the rest, with one thread per core. The cores are chosen once
-per run: candidates measured on different cores could not be compared.
+PROBE_LONGEST_S while the load seen has not paused); the cores others kept busy are left to
+them and every measurement of the run (each candidate, eager, the paired comparison) is pinned
+to the rest, with one thread per core. The cores are chosen once per run: candidates measured
+on different cores could not be compared.
 
 Fewer threads flatten the batch curve (the bundled CNN on ONNX Runtime: 278, 289, 294/s at batch
 1, 2, 4 on one core; its peak is at 4 on two), because each thread's share of a batch is what
