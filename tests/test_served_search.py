@@ -347,38 +347,6 @@ def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monk
     assert levels and all(lv.others_busy == 0.0 for lv in levels)  # every level that counts was measured undisturbed
 
 
-def test_a_level_bursts_reached_at_every_retake_is_not_held_against_its_variant(monkeypatch, tmp_path: Path):
-    """No load given: bursts land in the best variant's first level and in both retakes. That level does not count
-    against it (its other loads do), so the variant that is best wherever it was measured undisturbed is published."""
-    state = {"disturbed": 0, "now": False}
-
-    class Watch:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.peak, state["now"] = (1.0 if state["now"] else 0.0), False
-
-        def peak_within(self, last_s):
-            return self.peak
-
-    def served(point: OperatingPoint, c: int) -> LoadLevel:
-        if point == OperatingPoint(16, (), 0, 2, 1) and c == 4 and state["disturbed"] < 3:
-            state["disturbed"] += 1
-            state["now"] = True
-            return level(c, 50.0)
-        served = _two_instances_and_batch_16(point, c)  # preferred sizes cost 3% here: one best variant, not a tie
-        return level(c, served.throughput * (0.97 if point.preferred else 1.0))
-
-    monkeypatch.setattr(search_module, "LoadWatch", Watch)
-    monkeypatch.setattr(search_module, "wait_for_quiet", lambda limit, wait_s: 0.0)  # each burst passes, the next one comes
-    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), baseline=0.0)
-    assert state["disturbed"] == 3, "the burst reached the first measurement and both retakes"
-    kept = next(v for v in search.variants if v.point == OperatingPoint(16, (), 0, 2, 1) and v.status == "measured")
-    assert any(lv.concurrency == 4 and lv.others_busy == 1.0 for lv in kept.curve)  # kept in the report, with the load it saw
-    assert run.best.point == OperatingPoint(16, (), 0, 2, 1)
-
-
 def _steady_watch(cores: float) -> type:
     """A stand-in for LoadWatch that sees other processes use `cores` during every measurement."""
 

@@ -164,24 +164,13 @@ class SearchRun:
         the leader's go to the one that sustains more (its peak)."""
         if not pool:
             return []
-        ratios = robust_ratios({id(v): self._undisturbed(v.curve) for v in pool})
+        ratios = robust_ratios({id(v): v.curve for v in pool})
         self.robust = {v.point: ratios[id(v)] for v in pool}
         top = max(r for r, _ in ratios.values())
         lead = [v for v in pool if ratios[id(v)][0] >= top - THROUGHPUT_NOISE]
         rest = [v for v in pool if ratios[id(v)][0] < top - THROUGHPUT_NOISE]
         return (sorted(lead, key=lambda v: -max(lv.throughput for lv in v.curve))
                 + sorted(rest, key=lambda v: -ratios[id(v)][0]))
-
-    def _undisturbed(self, curve: list[LoadLevel], whole_if_none: bool = True) -> list[LoadLevel]:
-        """The levels of a curve that other processes' load did not reach (the whole curve when none is left, unless
-        `whole_if_none` is False): a level still disturbed after its retakes is not held against its variant. Under
-        2 s on / 3 s off bursts a max-4 variant read 0.73x the best at concurrency 4 beside a burst (the best at its
-        other loads) and max 2 was published (benchmarks/noisy_choice.py, issue 27)."""
-        if self.baseline is None:
-            return curve
-        limit = self.baseline + DISTURBED
-        clean = [lv for lv in curve if lv.others_busy is None or lv.others_busy <= limit]
-        return clean or (curve if whole_if_none else [])
 
     def _stop_climbing(self, curve: list[LoadLevel]) -> str:
         """Why a variant's sweep ends before the objective is done with it ("" to go on): the time budget ran out (one
@@ -195,10 +184,7 @@ class SearchRun:
         measured is already below half and OUT_OF_RUNNING below the leader's, and more loads can only lower it."""
         if self.best is None or self.best.point not in self.robust:
             return ""
-        clean = self._undisturbed(curve, whole_if_none=False)
-        if not clean:  # nothing measured undisturbed yet: no grounds to stop it
-            return ""
-        worst, at = worst_so_far(clean, [self._undisturbed(v.curve) for v in self.seen.values() if v.status == "measured"])
+        worst, at = worst_so_far(curve, [v.curve for v in self.seen.values() if v.status == "measured"])
         lead = self.robust[self.best.point][0]
         if worst >= min(lead - OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW):
             return ""
