@@ -76,6 +76,22 @@ def test_the_load_watch_counts_other_processes_and_not_our_own_children():
     assert theirs.peak >= 0.7, f"another process's busy loop was not seen ({theirs.peak} cores)"
 
 
+def test_a_child_that_ended_unreaped_is_not_read_as_other_processes_load(monkeypatch):
+    """Between a descendant's exit and its reaping its CPU is in no live process's account: our tree's ticks drop for
+    one sample. Read as is, that was up to 14.5 cores of others' load on two (and a measurement taken again for it)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    # (time, busy ticks of the machine, ticks of our tree): both cores ours throughout; at 0.5 s a child ended unreaped
+    reads = iter([(0.0, 0, 0), (0.25, hz // 2, hz // 2), (0.5, hz, hz // 10), (0.75, 3 * hz // 2, 3 * hz // 2),
+                  (1.0, 2 * hz, 2 * hz)])
+    watch = LoadWatch()
+    monkeypatch.setattr(watch, "_read", lambda: next(reads))
+    watch._last = watch._read()
+    for _ in range(4):
+        watch._sample()
+    assert watch.samples and max(watch.samples) < 0.1, watch.samples
+    assert watch.peak is not None and watch.peak < 0.1
+
+
 @needs_two_cores
 def test_the_probe_leaves_a_core_another_job_keeps_busy_to_it():
     busy = available_cores()[0]
