@@ -6,7 +6,7 @@ variant look slower than its neighbours, and the search publishes whichever vari
 (benchmarks/noisy_choice.py, issue 27: 0.77-0.82x of the quiet choice under 2 s on / 3 s off bursts). A watch samples
 /proc/stat beside the measurement and subtracts this process tree's own CPU (the server, its backends' stubs and
 perf_analyzer are children), so what remains is other processes' load. In-process measurement has the same guard
-with its own process's CPU (task/profiling.py: ContentionMeter); its retakes wait here for the load to fall back.
+with its own process's CPU (task/profiling.py: ContentionMeter, measure_settled).
 """
 
 from __future__ import annotations

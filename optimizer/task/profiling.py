@@ -17,7 +17,6 @@ import numpy as np
 from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile
 from optimizer.task.core_share import own_ticks, read_cpu_busy
-from optimizer.task.load_watch import wait_for_quiet
 
 
 @dataclass(frozen=True)
@@ -65,27 +64,25 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-QUIET_WAIT_S = 3.0
-"""How long a retake first waits for others' load to fall back. A retake 0.2 s after a disturbed take landed in the same
-2 s burst, looked as disturbed, and was read as a steady load (benchmarks/noisy_choice.py's bursts, issue 27): the
-disturbed take was kept. A load still there after this wait is another job's steady one, which a retake would only
-see again."""
+STEADY_LOAD = 0.05
+"""A retake whose others' CPU share is within this of the first take's saw a steady load (a spinning core measured
+46-50% on both takes here): taking it again only multiplies the time; a load that comes and goes drops by more."""
 
 
 def measure_settled(run: Callable[[], Any], batch_size: int, settings: ProfileSettings = ProfileSettings()) -> BatchProfile:
-    """`measure`, taken again (a bounded number of times, once others' load has fallen back) while other processes
-    used most of the CPU: background load that comes and goes must not decide a batch size. Keeps the least disturbed one."""
+    """`measure`, taken again (a bounded number of times, after a short pause) while other processes used most
+    of the CPU: background load that comes and goes must not decide a batch size. Keeps the least disturbed one."""
     best = measure(run, batch_size, settings)
-    quiet = settings.busy_share / 2 * len(available_cores())  # in cores, as the watch reads them
     tries = 0
     while best.others_cpu_share > settings.busy_share and tries < settings.retakes:
-        seen = wait_for_quiet(quiet, QUIET_WAIT_S)
-        if seen is not None and seen > quiet:  # it did not fall back: another job's steady load is not waited out
-            break
         tries += 1
+        time.sleep(0.2 * tries)
         again = measure(run, batch_size, settings)
+        steady = best.others_cpu_share - again.others_cpu_share < STEADY_LOAD
         if again.others_cpu_share < best.others_cpu_share:
             best = again
+        if steady:  # the load did not move: it is another job's, not a passing one, and a third take would see it too
+            break
     best.retakes = tries
     return best
 
