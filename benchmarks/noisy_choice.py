@@ -166,12 +166,12 @@ def export_once(run: Run, model_args: list[str], extra: list[str]) -> None:
 
 
 def seen(run: Run) -> str:
-    """What the served search saw of the load, to explain a losing run: fewer cores at its probe, levels taken again."""
+    """What the export saw of the load, to explain a losing run: a probe (tuning's, the served search's) that took
+    cores, and how many served levels were measured again."""
     search = (run.report.get("published") or {}).get("served_search") or {}
-    tuned, served = (run.report.get("result") or {}).get("measured_on"), search.get("measured_on")
-    fewer = [share for share in (tuned, served) if share and len(share["cores"]) < len(share["available"])]
-    said = "".join(f"; {what} beside {float(share['others_busy']):.1f} busy cores" for what, share in
-                   (("tuned", tuned), ("served search", served)) if share in fewer)
+    shares = (("tuned", (run.report.get("result") or {}).get("measured_on")), ("served search", search.get("measured_on")))
+    said = "".join(f"; {what} beside {float(share['others_busy']):.1f} busy cores" for what, share in shares
+                   if share and len(share["cores"]) < len(share["available"]))
     return said + (f"; {search.get('remeasured', 0)} levels measured again" if search else "")
 
 

@@ -116,7 +116,8 @@ def probe(seconds: float = PROBE_S, longest: float = PROBE_LONGEST_S) -> CoreSha
 
     Load seen in the first `seconds` is watched up to `longest`: only a load that never lets up takes cores. One that
     pauses (bursts) is judged by its quietest stretch, so a probe that lands in a burst does not put the whole run
-    on fewer cores; the measurements it then reaches are taken again (load_watch)."""
+    on fewer cores; the measurements the bursts then reach are taken again (in-process: profiling.measure_settled;
+    served: load_watch)."""
     available = available_cores()
     if len(available) < 2:
         return CoreShare(available, available, 0.0)
