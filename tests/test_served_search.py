@@ -347,6 +347,50 @@ def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monk
     assert levels and all(lv.others_busy == 0.0 for lv in levels)  # every level that counts was measured undisturbed
 
 
+def test_time_spent_measuring_again_is_added_to_the_budget_so_bursts_do_not_cut_the_search_short(monkeypatch, tmp_path: Path):
+    """On a clock that only measurements move (1 s a level), a budget the quiet search spends before its refinement is
+    done; bursts that reach a few levels cost their repeats and waits, which move the deadline back, so the busy search
+    measures what the quiet one did and publishes the same point (it had spent its budget first: the bundled CNN under
+    bursts lost the queue delay the quiet search had found and served 0.67x of it)."""
+    now = [0.0]
+    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
+
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        now[0] += 1.0
+        return _two_instances_and_batch_16(point, c)
+
+    class Watch:  # bursts reach four levels early in the search (takes 3, 5, 7, 9); each repeat is quiet
+        takes = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            Watch.takes += 1
+            self.peak = 1.0 if Watch.takes in (3, 5, 7, 9) else 0.0
+
+        def peak_within(self, last_s):
+            return self.peak
+
+    def wait(limit, wait_s):
+        now[0] += 2.0  # the burst ends 2 s into the wait
+        return 0.0
+
+    monkeypatch.setattr(search_module, "wait_for_quiet", wait)
+    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
+    _, quiet, _, quiet_stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0)
+    assert "ran out" in quiet_stopped  # the budget bounds this search: what it measured depends on the time it had
+    quiet_took = now[0]
+    monkeypatch.setattr(search_module, "LoadWatch", Watch)
+    now[0] = 0.0
+    busy_run, busy, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0)
+    assert busy.remeasured == 4 and busy.retried_s == pytest.approx(4 * (1.0 + 2.0))  # each repeat: the wait and the level
+    assert busy.retried_s <= search_module.REMEASURE_SHARE * 60.0
+    measured = lambda s: sorted((repr(v.point), v.stage) for v in s.variants if v.status == "measured")
+    assert measured(busy) == measured(quiet) and busy.chosen == quiet.chosen
+    assert now[0] == pytest.approx(quiet_took + busy.retried_s)  # the search took its budget plus the repeats, no more
+
+
 def _steady_watch(cores: float) -> type:
     """A stand-in for LoadWatch that sees other processes use `cores` during every measurement."""
 

@@ -170,6 +170,7 @@ class ServedSearch:
     refused: bool = False  # the user's server (--url) refused to load the artifact: the export tries the next candidate
     cached_from: str = ""  # when the reused measurements were taken (UTC, ISO 8601); "" when they were taken in this run
     remeasured: int = 0  # measurements taken again because other processes' load rose while they ran (run.py: DISTURBED)
+    retried_s: float = 0.0  # seconds those repeats took, waiting included: added to the budget (run.py: REMEASURE_SHARE)
 
     @property
     def chosen_variant(self) -> ServedVariant | None:

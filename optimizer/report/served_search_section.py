@@ -96,8 +96,9 @@ def _story(search: dict[str, Any]) -> str:
         if search.get("held_layout"):
             third += f" {search['held_layout'][0].upper()}{search['held_layout'][1:]}."
     if search.get("remeasured"):
+        extra = f" ({float(search['retried_s']):g} s with the waits, added to the time budget)" if search.get("retried_s") else ""
         third += (f" Other processes' load rose while {search['remeasured']} measurement(s) ran; each was taken again once it fell "
-                  "back, and the least disturbed one counts (report.json keeps others' load, in cores, beside each measurement).")
+                  f"back{extra}, and the least disturbed one counts (report.json keeps others' load, in cores, beside each measurement).")
     return f"{first} {second}{third}"
 
 

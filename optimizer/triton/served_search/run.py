@@ -54,7 +54,10 @@ DISTURBED_RETRIES = 2
 QUIET_WAIT_S = 3.0
 REMEASURE_SHARE = 0.25
 """Of the budget, the most that waiting and measuring again may take: past it a disturbed measurement stands, so a
-machine busy on and off still gets its variants measured."""
+machine busy on and off still gets its variants measured. That time is added to the budget (the search takes up to
+1.25x it on a busy machine), so that bursts do not cut the search short of what a quiet run measures: under 2 s on /
+3 s off bursts the bundled CNN's searches spent their budget before the refinement found the queue delay the quiet
+search had published, and served 0.67x of it (benchmarks/noisy_choice.py)."""
 UNKNOWN_PLATFORM = "unexpected platform type"
 """Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
 
@@ -332,7 +335,7 @@ class SearchRun:
             # the figures are perf_analyzer's last STABLE_WINDOWS windows, ending as it exits: judge the load over those
             level, took = replace(level, others_busy=watch.peak_within(STABLE_WINDOWS * window_ms / 1000.0 + EXIT_S)), time.monotonic() - t0
             if attempt:
-                self.retried_s += took
+                self._retook(took)
             if kept is None or (level.others_busy or 0.0) < (kept.others_busy or 0.0):
                 kept = level
             limit = self.baseline + DISTURBED
@@ -343,12 +346,19 @@ class SearchRun:
                 break
             t1 = time.monotonic()
             seen = wait_for_quiet(limit, QUIET_WAIT_S)
-            self.retried_s += time.monotonic() - t1
+            self._retook(time.monotonic() - t1)
             if seen is not None and seen > limit:  # the load stayed: it is the machine's now, and the baseline
                 self.baseline = max(self.baseline, seen - DISTURBED / 2)
                 break
             self.search.remeasured += 1
         return kept
+
+    def _retook(self, seconds: float) -> None:
+        """Time spent waiting out others' load and measuring again: it moves the deadlines back (REMEASURE_SHARE)."""
+        self.retried_s += seconds
+        self.deadline += seconds
+        self.explore_deadline += seconds
+        self.search.retried_s = round(self.retried_s, 1)
 
     # -- a close call ----------------------------------------------------------------------------------------------------
     def settle(self) -> None:
