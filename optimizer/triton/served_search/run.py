@@ -58,6 +58,14 @@ machine busy on and off still gets its variants measured. That time is added to 
 1.25x it on a busy machine), so that bursts do not cut the search short of what a quiet run measures: under 2 s on /
 3 s off bursts the bundled CNN's searches spent their budget before the refinement found the queue delay the quiet
 search had published, and served 0.67x of it (benchmarks/noisy_choice.py)."""
+BURST_SLOWDOWN = 4.0
+"""The most another process's load is taken to slow a served variant; a disturbed level below the best undisturbed one
+at its load by more is not measured again (SearchRun._out_of_reach). Measured beside one spinning core on two: the
+CNN's served variants ran at 0.6-0.9x of their idle figures, and a transformer's 1 instance x 2 threads at 0.56-0.78x
+of 2 x 1 (README, "Beside another job"); 4x leaves a margin. Why: under bursts the CNN's searches spent the time for
+repeats on max 16 and 32 at concurrency 4 (110-250/s beside a best of 1200/s there), and a refinement that mattered
+(max 4 with a queue delay, 1.5x the rest at that load on the quiet machine) then stood at its disturbed figure, lost,
+and the published config served 0.70x of the quiet choice (benchmarks/noisy_choice.py)."""
 UNKNOWN_PLATFORM = "unexpected platform type"
 """Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
 
@@ -339,7 +347,7 @@ class SearchRun:
             if kept is None or (level.others_busy or 0.0) < (kept.others_busy or 0.0):
                 kept = level
             limit = self.baseline + DISTURBED
-            if (kept.others_busy or 0.0) <= limit or attempt == DISTURBED_RETRIES:
+            if (kept.others_busy or 0.0) <= limit or attempt == DISTURBED_RETRIES or self._out_of_reach(kept):
                 break
             if (time.monotonic() + QUIET_WAIT_S + took > self.explore_deadline
                     or self.retried_s + QUIET_WAIT_S + took > REMEASURE_SHARE * self.request.budget_s):
@@ -352,6 +360,18 @@ class SearchRun:
                 break
             self.search.remeasured += 1
         return kept
+
+    def _out_of_reach(self, level: LoadLevel) -> bool:
+        """Whether a disturbed level stays below the most any variant served undisturbed at its load even if the load had
+        slowed it BURST_SLOWDOWN times: taking it again cannot change the choice, and the time for repeats
+        (REMEASURE_SHARE) goes to levels that can. Not with a latency budget: there a disturbed level's latency decides
+        whether the variant meets it."""
+        if self.objective.latency_budget_ms is not None or self.baseline is None:
+            return False
+        limit = self.baseline + DISTURBED
+        clean = [lv.throughput for v in self.seen.values() for lv in v.curve
+                 if lv.concurrency == level.concurrency and (lv.others_busy or 0.0) <= limit]
+        return bool(clean) and level.throughput * BURST_SLOWDOWN < max(clean) * (1 - THROUGHPUT_NOISE)
 
     def _retook(self, seconds: float) -> None:
         """Time spent waiting out others' load and measuring again: it moves the deadlines back (REMEASURE_SHARE)."""
