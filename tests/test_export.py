@@ -144,6 +144,9 @@ def test_real_allocation_failure_under_a_small_memory_budget(in_tmp: Path):
     assert result["max_batch_size"] == decision["max_batch_size"]
     config = parse((in_tmp / "model_repository" / "wide" / "config.pbtxt").read_text())
     assert config.max_batch_size == decision["max_batch_size"]
+    # run_cli's --serve-search off: the in-process rules stand, and the report says the search did not run
+    search = _report(in_tmp / "aitune-reports" / "wide" / "report.json")["published"]["served_search"]
+    assert search["status"] == "off" and search["variants"] == []
 
 
 def test_time_budget_still_measures_every_candidate_at_batch_1(in_tmp: Path):
