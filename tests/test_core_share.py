@@ -92,6 +92,21 @@ def test_a_child_that_ended_unreaped_is_not_read_as_other_processes_load(monkeyp
     assert watch.peak is not None and watch.peak < 0.1
 
 
+def test_an_interval_too_short_to_judge_is_not_read_as_other_processes_load(monkeypatch):
+    """The sample taken as a watched block ends can come a millisecond after the watch thread's last one: a tick of
+    rounding over that millisecond read as tens of cores of others' load (28.4 on two cores, in a settle round)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    # (time, busy ticks of the machine, ticks of our tree): both cores ours throughout, the machine's count a tick ahead
+    reads = iter([(0.0, 0, 0), (0.25, hz // 2, hz // 2), (0.251, hz // 2 + 1, hz // 2), (0.5, hz + 1, hz)])
+    watch = LoadWatch()
+    monkeypatch.setattr(watch, "_read", lambda: next(reads))
+    watch._last = watch._read()
+    for _ in range(3):
+        watch._sample()
+    assert watch.samples and max(watch.samples) < 0.1, watch.samples
+    assert len(watch.samples) == 2  # the millisecond is judged with the quarter second after it
+
+
 @needs_two_cores
 def test_the_probe_leaves_a_core_another_job_keeps_busy_to_it():
     busy = available_cores()[0]

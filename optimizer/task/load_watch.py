@@ -72,6 +72,10 @@ class LoadWatch:
         if now is None or self._last is None:
             self._last = now
             return
+        if now[0] - self._last[0] < self.sample_s / 2:
+            # too short to judge (the last sample as the block ends can come a millisecond after the thread's): a tick or
+            # two of rounding over a millisecond read as up to 28 cores of others' load on two. Judged with the next.
+            return
         if now[2] < self._last[2] and not self._skipped:
             # our tree's CPU went down: a descendant ended and its parent has not reaped it yet, so its ticks are in no
             # live process's account (read as up to 14.5 cores of "others" on two). Judge this interval with the next.
