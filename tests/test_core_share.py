@@ -76,18 +76,24 @@ def test_the_load_watch_counts_other_processes_and_not_our_own_children():
     assert theirs.peak >= 0.7, f"another process's busy loop was not seen ({theirs.peak} cores)"
 
 
+def _watched(monkeypatch, reads: list[tuple[float, int, int]]) -> LoadWatch:
+    """A LoadWatch fed these readings (time, the machine's busy ticks, our tree's ticks), one per sample."""
+    it = iter(reads)
+    watch = LoadWatch()
+    monkeypatch.setattr(watch, "_read", lambda: next(it))
+    watch._last = watch._read()
+    for _ in reads[1:]:
+        watch._sample()
+    return watch
+
+
 def test_a_child_that_ended_unreaped_is_not_read_as_other_processes_load(monkeypatch):
     """Between a descendant's exit and its reaping its CPU is in no live process's account: our tree's ticks drop for
     one sample. Read as is, that was up to 14.5 cores of others' load on two (and a measurement taken again for it)."""
     hz = os.sysconf("SC_CLK_TCK")
     # (time, busy ticks of the machine, ticks of our tree): both cores ours throughout; at 0.5 s a child ended unreaped
-    reads = iter([(0.0, 0, 0), (0.25, hz // 2, hz // 2), (0.5, hz, hz // 10), (0.75, 3 * hz // 2, 3 * hz // 2),
-                  (1.0, 2 * hz, 2 * hz)])
-    watch = LoadWatch()
-    monkeypatch.setattr(watch, "_read", lambda: next(reads))
-    watch._last = watch._read()
-    for _ in range(4):
-        watch._sample()
+    watch = _watched(monkeypatch, [(0.0, 0, 0), (0.25, hz // 2, hz // 2), (0.5, hz, hz // 10), (0.75, 3 * hz // 2, 3 * hz // 2),
+                                   (1.0, 2 * hz, 2 * hz)])
     assert watch.samples and max(watch.samples) < 0.1, watch.samples
     assert watch.peak is not None and watch.peak < 0.1
 
@@ -97,12 +103,7 @@ def test_an_interval_too_short_to_judge_is_not_read_as_other_processes_load(monk
     rounding over that millisecond read as tens of cores of others' load (28.4 on two cores, in a settle round)."""
     hz = os.sysconf("SC_CLK_TCK")
     # (time, busy ticks of the machine, ticks of our tree): both cores ours throughout, the machine's count a tick ahead
-    reads = iter([(0.0, 0, 0), (0.25, hz // 2, hz // 2), (0.251, hz // 2 + 1, hz // 2), (0.5, hz + 1, hz)])
-    watch = LoadWatch()
-    monkeypatch.setattr(watch, "_read", lambda: next(reads))
-    watch._last = watch._read()
-    for _ in range(3):
-        watch._sample()
+    watch = _watched(monkeypatch, [(0.0, 0, 0), (0.25, hz // 2, hz // 2), (0.251, hz // 2 + 1, hz // 2), (0.5, hz + 1, hz)])
     assert watch.samples and max(watch.samples) < 0.1, watch.samples
     assert len(watch.samples) == 2  # the millisecond is judged with the quarter second after it
 

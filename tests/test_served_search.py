@@ -316,13 +316,11 @@ def test_a_close_call_is_measured_again_interleaved_and_the_faster_kept(monkeypa
     assert run.best.point == OperatingPoint(16, (), 0, 2, 1)
 
 
-def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monkeypatch, tmp_path: Path):
-    """A burst from another process lands in the first measurement of the best variant: it is measured again after
-    waiting for the load to fall back, the undisturbed figure counts, and the search says how many it repeated."""
-    burst = {"now": False, "landed": 0}
-    waits: list[float] = []
+def _burst_watch(burst: dict) -> type:
+    """A stand-in for LoadWatch: others' load during the measurement it wraps is 1 core when `served` set burst["now"]
+    (the burst landed in it), else none."""
 
-    class Watch:  # others' load during the measurement it wraps: 1 core while the burst runs, else none
+    class Watch:
         def __enter__(self):
             return self
 
@@ -332,13 +330,22 @@ def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monk
         def peak_within(self, last_s):
             return self.peak
 
+    return Watch
+
+
+def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monkeypatch, tmp_path: Path):
+    """A burst from another process lands in the first measurement of the best variant: it is measured again after
+    waiting for the load to fall back, the undisturbed figure counts, and the search says how many it repeated."""
+    burst = {"now": False, "landed": 0}
+    waits: list[float] = []
+
     def served(point: OperatingPoint, c: int) -> LoadLevel:
         if not burst["landed"] and point.instances == 2 and point.max_batch_size == 16:  # the burst halves the variant it lands in
             burst.update(now=True, landed=1)
             return level(c, _two_instances_and_batch_16(point, c).throughput / 2)
         return _two_instances_and_batch_16(point, c)
 
-    monkeypatch.setattr(search_module, "LoadWatch", Watch)
+    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst))
     monkeypatch.setattr(search_module, "wait_for_quiet", lambda limit, wait_s: waits.append(limit) or 0.0)
     run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), baseline=0.05)
     assert burst["landed"] and search.remeasured == 1 and waits == [pytest.approx(0.35)]
@@ -399,16 +406,6 @@ def test_a_disturbed_level_too_slow_to_matter_even_undisturbed_is_not_taken_agai
     hit = {OperatingPoint(4, (), 0, 1, 2): True, OperatingPoint(16, (), 0, 2, 1): True}
     burst = {"now": False}
 
-    class Watch:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.peak, burst["now"] = (1.0 if burst["now"] else 0.0), False
-
-        def peak_within(self, last_s):
-            return self.peak
-
     def served(point: OperatingPoint, c: int) -> LoadLevel:
         if c == 16 and hit.pop(point, False):
             burst["now"] = True
@@ -416,7 +413,7 @@ def test_a_disturbed_level_too_slow_to_matter_even_undisturbed_is_not_taken_agai
         return _two_instances_and_batch_16(point, c)
 
     waits: list[float] = []
-    monkeypatch.setattr(search_module, "LoadWatch", Watch)
+    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst))
     monkeypatch.setattr(search_module, "wait_for_quiet", lambda limit, wait_s: waits.append(limit) or 0.0)
     run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), baseline=0.0)
     assert not hit and search.remeasured == 1 and len(waits) == 1  # both bursts landed; one level was measured again
