@@ -390,7 +390,7 @@ def test_time_spent_measuring_again_is_added_to_the_budget_so_bursts_do_not_cut_
     quiet_took = now[0]
     monkeypatch.setattr(search_module, "LoadWatch", Watch)
     now[0] = 0.0
-    busy_run, busy, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0)
+    _, busy, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0)
     assert busy.remeasured == 4 and busy.retried_s == pytest.approx(4 * (1.0 + 2.0))  # each repeat: the wait and the level
     assert busy.retried_s <= search_module.REMEASURE_SHARE * 60.0
     measured = lambda s: sorted((repr(v.point), v.stage) for v in s.variants if v.status == "measured")
