@@ -82,9 +82,8 @@ class LoadWatch:
             self._skipped = True
             return
         self._skipped = False
-        seconds = now[0] - self._last[0]
-        if seconds > 0 and now[2] >= self._last[2]:
-            ticks = seconds * os.sysconf("SC_CLK_TCK")
+        if now[2] >= self._last[2]:
+            ticks = (now[0] - self._last[0]) * os.sysconf("SC_CLK_TCK")
             self.samples.append(max(0.0, ((now[1] - self._last[1]) - (now[2] - self._last[2])) / ticks))
             self.times.append(now[0])
         self._last = now

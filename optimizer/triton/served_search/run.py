@@ -55,9 +55,10 @@ QUIET_WAIT_S = 3.0
 REMEASURE_SHARE = 0.25
 """Of the budget, the most that waiting and measuring again may take: past it a disturbed measurement stands, so a
 machine busy on and off still gets its variants measured. That time is added to the budget (the search takes up to
-1.25x it on a busy machine), so that bursts do not cut the search short of what a quiet run measures: under 2 s on /
-3 s off bursts the bundled CNN's searches spent their budget before the refinement found the queue delay the quiet
-search had published, and served 0.67x of it (benchmarks/noisy_choice.py)."""
+1.25x it on a busy machine), so that the repeats themselves do not cut the search short: under 2 s on / 3 s off bursts
+the bundled CNN's searches spent their budget before the refinement found the queue delay the quiet search had
+published, and served 0.67x of it (benchmarks/noisy_choice.py). The bursts still slow every variant they reach, so a
+busy search measures fewer variants than a quiet one (10-12 against 15 for the CNN after this)."""
 BURST_SLOWDOWN = 4.0
 """The most another process's load is taken to slow a served variant; a disturbed level below the best undisturbed one
 at its load by more is not measured again (SearchRun._out_of_reach). Measured beside one spinning core on two: the
@@ -65,7 +66,8 @@ CNN's served variants ran at 0.6-0.9x of their idle figures, and a transformer's
 of 2 x 1 (README, "Beside another job"); 4x leaves a margin. Why: under bursts the CNN's searches spent the time for
 repeats on max 16 and 32 at concurrency 4 (110-250/s beside a best of 1200/s there), and a refinement that mattered
 (max 4 with a queue delay, 1.5x the rest at that load on the quiet machine) then stood at its disturbed figure, lost,
-and the published config served 0.70x of the quiet choice (benchmarks/noisy_choice.py)."""
+and the published config served 0.70x of the quiet choice (benchmarks/noisy_choice.py; with this rule the CNN still
+gave 0.76x under bursts, for another reason: README, "Limits")."""
 UNKNOWN_PLATFORM = "unexpected platform type"
 """Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
 
