@@ -535,6 +535,33 @@ def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_fail
     assert run.robust[run.best.point][0] >= 0.95  # the best at every load; max 2 served 0.78x at concurrency 64
 
 
+def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_refinement(monkeypatch, tmp_path: Path):
+    """As above, and bursts halve the larger maxima's first measurement at concurrency 16 on one two-thread instance,
+    with no time left to measure them again (REMEASURE_SHARE 0): those levels are lower bounds, so the delay that
+    fills max 8 is still tried first and published, not a two-instance variant that no burst reached."""
+    now = [0.0]
+    burst = {"now": False}
+    hit: set[OperatingPoint] = set()
+    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
+
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        now[0] += 1.0
+        lv = _fills_with_a_delay(point, c)
+        if c == 16 and point.instances == 1 and point.max_batch_size >= 4 and point.queue_delay_us < 400 and point not in hit:
+            hit.add(point)
+            burst["now"] = True
+            return replace(lv, throughput=lv.throughput / 2)
+        return lv
+
+    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst))
+    monkeypatch.setattr(search_module, "REMEASURE_SHARE", 0.0)
+    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=45.0, baseline=0.0)
+    assert len(hit) == 3 and search.remeasured == 0  # the start, max 4 and max 8: each kept at its halved figure
+    first = next(v for v in search.variants if v.stage == "refine")
+    assert (first.point.instances, first.point.max_batch_size) == (1, 8) and first.point.queue_delay_us >= 400
+    assert run.best.point.instances == 1 and run.best.point.max_batch_size == 8 and run.best.point.queue_delay_us >= 400
+
+
 def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp_path: Path):
     run, search, _, stopped = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path, budget_s=0.0), budget_s=-1.0)
     assert "time budget" in stopped

@@ -140,11 +140,14 @@ class SearchRun:
             self._refine(self._to_refine(space)[:2], space)  # which may have made a new best two
 
     def _to_refine(self, space: SearchSpace) -> list[ServedVariant]:
-        """Measured variants in the order their refinements are tried: the objective's ranking; with no load given, a
-        variant whose batches did not fill at the ladder's lightest load ranks by its other loads until its fill delay
-        is measured (the delay is its likeliest gain, and the light load is where it fails). Why: under bursts the
-        bundled CNN's max 4 ranked third on its concurrency-4 level (1076/s without a delay, max 2 1669/s), the 800 us
-        delay that lifted it to 1800/s on the quiet machine was never measured, and max 2 served 0.76x of the quiet choice."""
+        """Measured variants in the order their refinements are tried: the objective's ranking; with no load given, by
+        what each could serve, not by what its worst level happened to show. A level another process's load reached
+        (kept when the repeats ran out) is a lower bound and does not rank it; a variant whose batches did not fill at
+        the ladder's lightest load ranks by its other loads until its fill delay is measured (the delay is its likeliest
+        gain, and the light load is where it fails). Why: under bursts the bundled CNN's max 4 ranked third or fourth,
+        on its concurrency-4 level (1085/s without a delay, max 2 1470/s) and a concurrency-64 level a burst had halved,
+        the 900 us delay that lifted it on the quiet machine was never measured, and max 2 served 0.75x of the quiet
+        choice (benchmarks/noisy_choice.py)."""
         ranked = self.ranked()
         if self.objective.kind != "max-throughput":
             return ranked
@@ -153,7 +156,7 @@ class SearchRun:
             delay = fill_delay_us(v, space)
             pending = delay is not None and replace(v.point, queue_delay_us=delay) not in self.seen
             light = v.curve[0].concurrency if v.curve else 0
-            curves[id(v)] = [lv for lv in v.curve if lv.concurrency != light] if pending else v.curve
+            curves[id(v)] = [lv for lv in v.curve if not self._disturbed(lv) and not (pending and lv.concurrency == light)]
         ratios = robust_ratios({k: c for k, c in curves.items() if c})
         return sorted(ranked, key=lambda v: -ratios.get(id(v), (0.0, 0))[0])  # stable: the objective's order breaks ties
 
@@ -381,6 +384,10 @@ class SearchRun:
             self.search.remeasured += 1
         return kept
 
+    def _disturbed(self, level: LoadLevel) -> bool:
+        """Whether others' load reached `level` beyond the baseline (it stands only as a lower bound)."""
+        return self.baseline is not None and (level.others_busy or 0.0) > self.baseline + DISTURBED
+
     def _out_of_reach(self, level: LoadLevel) -> bool:
         """Whether a disturbed level stays below the most any variant served undisturbed at its load even if the load had
         slowed it BURST_SLOWDOWN times: taking it again cannot change the choice, and the time for repeats
@@ -388,9 +395,7 @@ class SearchRun:
         whether the variant meets it."""
         if self.objective.latency_budget_ms is not None or self.baseline is None:
             return False
-        limit = self.baseline + DISTURBED
-        clean = [lv.throughput for v in self.seen.values() for lv in v.curve
-                 if lv.concurrency == level.concurrency and (lv.others_busy or 0.0) <= limit]
+        clean = [lv.throughput for v in self.seen.values() for lv in v.curve if lv.concurrency == level.concurrency and not self._disturbed(lv)]
         return bool(clean) and level.throughput * BURST_SLOWDOWN < max(clean) * (1 - THROUGHPUT_NOISE)
 
     def _retook(self, seconds: float) -> None:
