@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from optimizer.records.measurements import BatchPolicy, BatchProfile
 from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, every_load_max, find_max_batch_size, knee_of
 
@@ -137,10 +139,14 @@ def test_measurements_taken_while_others_used_the_cpu_are_taken_again(monkeypatc
     from optimizer.task import profiling
 
     shares = iter([0.7, 0.6, 0.1])
+    waits: list[float] = []
     monkeypatch.setattr(profiling, "measure", lambda run, batch, settings: _busy(batch, next(shares)))
     monkeypatch.setattr(profiling.time, "sleep", lambda s: None)
+    monkeypatch.setattr(profiling, "wait_for_quiet", lambda limit, wait_s: waits.append(limit) or 0.0)
+    monkeypatch.setattr(profiling._Load, "stays", False)
     p = profiling.measure_settled(lambda: None, 4, profiling.ProfileSettings(retakes=2))
     assert p.others_cpu_share == 0.1 and p.retakes == 2
+    assert len(waits) == 2  # each retake waited for the load to fall first (a burst outlasts a short pause)
     shares = iter([0.9, 0.8, 0.85])
     p = profiling.measure_settled(lambda: None, 4, profiling.ProfileSettings(retakes=2))
     assert p.retakes == 2 and p.others_cpu_share == 0.8  # the budget is bounded: the least disturbed one is kept
@@ -149,6 +155,46 @@ def test_measurements_taken_while_others_used_the_cpu_are_taken_again(monkeypatc
     shares = iter([0.5, 0.48, 0.1])
     p = profiling.measure_settled(lambda: None, 4, profiling.ProfileSettings(retakes=2))
     assert p.retakes == 1 and p.others_cpu_share == 0.48  # a steady load (another job's core) is not waited out
+
+
+def test_a_load_that_does_not_fall_is_waited_for_once_per_process(monkeypatch):
+    """A wait that times out with the load still there means the load stays: later retakes do not wait 3 s again."""
+    from optimizer.task import profiling
+
+    shares = iter([0.7, 0.6, 0.5, 0.7, 0.6, 0.5])
+    waits: list[float] = []
+    monkeypatch.setattr(profiling, "measure", lambda run, batch, settings: _busy(batch, next(shares)))
+    monkeypatch.setattr(profiling.time, "sleep", lambda s: None)
+    monkeypatch.setattr(profiling, "wait_for_quiet", lambda limit, wait_s: waits.append(wait_s) or 1.0)
+    monkeypatch.setattr(profiling._Load, "stays", False)
+    assert profiling.measure_settled(lambda: None, 4, profiling.ProfileSettings(retakes=2, quiet_wait_s=3.0)).retakes == 2
+    assert profiling.measure_settled(lambda: None, 8, profiling.ProfileSettings(retakes=2)).retakes == 2
+    assert waits == [3.0]
+
+
+def test_a_measurement_reports_the_load_in_the_windows_it_reports(monkeypatch):
+    """Others' share is read over the windows whose latencies are reported, not the whole measurement: a burst that
+    fills the last windows after quiet ones is seen whole (it was diluted to 0.2-0.3 and never retaken)."""
+    from optimizer.task import profiling
+
+    clock = {"t": 0.0, "others": 0, "own": 0}
+    tick = profiling.os.sysconf("SC_CLK_TCK")
+
+    def run():  # one inference: 10 ms of this process's one core; from the 41st, another process takes as long again
+        clock["n"] = clock.get("n", 0) + 1
+        burst = clock["n"] > 40
+        clock["t"] += 0.02 if burst else 0.01
+        clock["own"] += 0.01 * tick
+        clock["others"] += 0.01 * tick if burst else 0
+
+    monkeypatch.setattr(profiling, "available_cores", lambda: [0])
+    monkeypatch.setattr(profiling, "read_cpu_busy", lambda: {0: int(clock["others"] + clock["own"])})
+    monkeypatch.setattr(profiling, "own_ticks", lambda: int(clock["own"]))
+    monkeypatch.setattr(profiling.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(profiling.time, "perf_counter_ns", lambda: int(clock["t"] * 1e9))
+    p = profiling.measure(run, 1, profiling.ProfileSettings(warmup_runs=0, window_s=0.1, stable_windows=3, cv_threshold=-1.0,
+                                                                        time_cap_s=0.8))
+    assert p.windows == 8 and p.others_cpu_share == pytest.approx(0.5)  # over all 0.8 s it was 0.25: below busy_share
 
 
 def _busy(batch: int, share: float) -> BatchProfile:
