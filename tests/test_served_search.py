@@ -562,6 +562,29 @@ def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_r
     assert run.best.point.instances == 1 and run.best.point.max_batch_size == 8 and run.best.point.queue_delay_us >= 400
 
 
+def test_with_no_load_a_search_out_of_time_in_the_coarse_pass_measures_the_likeliest_gain_before_settling(monkeypatch, tmp_path: Path):
+    """As above, with 10 s kept for settling and a budget that ends the coarse pass before its last maxima: the start
+    (max 8, a 200 us delay that does not fill a batch at concurrency 4) could serve the most, so its fill delay is
+    measured with the time kept for settling, and published. Under bursts the bundled CNN's search had run out of
+    time in the coarse pass and published max 2 at 0.75x of the quiet choice."""
+    now = [0.0]
+    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(search_module.SearchRun, "_settle_reserve", lambda self: 10.0)
+
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        now[0] += 1.0
+        return _fills_with_a_delay(point, c)
+
+    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=20.0, baseline=0.0)
+    assert "ran out" in stopped
+    order = [v.stage for v in search.variants]
+    gain = next(v for v in search.variants if v.stage == "refine")
+    assert order.index("refine") < len(order) - 1 - order[::-1].index("coarse")  # measured before the coarse pass ended
+    assert gain.point == replace(START, queue_delay_us=gain.point.queue_delay_us) and gain.point.queue_delay_us >= 400
+    assert run.best.point == gain.point
+
+
 def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp_path: Path):
     run, search, _, stopped = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path, budget_s=0.0), budget_s=-1.0)
     assert "time budget" in stopped

@@ -78,6 +78,8 @@ def _peak_rss_mb() -> float:
 STEADY_LOAD = 0.05
 """A retake whose others' CPU share is within this of the first take's saw a steady load (a spinning core measured
 46-50% on both takes here): taking it again only multiplies the time; a load that comes and goes drops by more."""
+
+
 class _Load:
     """Whether a wait for others' load to fall has timed out in this process: the load stays, so later retakes do not
     wait for it (each candidate measures in its own process, so this is one candidate's)."""
