@@ -316,8 +316,8 @@ def test_a_close_call_is_measured_again_interleaved_and_the_faster_kept(monkeypa
     assert run.best.point == OperatingPoint(16, (), 0, 2, 1)
 
 
-def _burst_watch(burst: dict) -> type:
-    """A stand-in for LoadWatch: others' load during the measurement it wraps is 1 core when `served` set burst["now"]
+def _burst_watch(burst: dict, cores: float = 1.0) -> type:
+    """A stand-in for LoadWatch: others' load during the measurement it wraps is `cores` when `served` set burst["now"]
     (the burst landed in it), else none."""
 
     class Watch:
@@ -325,7 +325,7 @@ def _burst_watch(burst: dict) -> type:
             return self
 
         def __exit__(self, *exc):
-            self.peak, burst["now"] = (1.0 if burst["now"] else 0.0), False
+            self.peak, burst["now"] = (cores if burst["now"] else 0.0), False
 
         def peak_within(self, last_s):
             return self.peak
@@ -535,10 +535,12 @@ def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_fail
     assert run.robust[run.best.point][0] >= 0.95  # the best at every load; max 2 served 0.78x at concurrency 64
 
 
-def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_refinement(monkeypatch, tmp_path: Path):
+@pytest.mark.parametrize("cores,repeats", [(1.0, 0.0), (0.2, search_module.REMEASURE_SHARE)])
+def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_refinement(monkeypatch, tmp_path: Path, cores, repeats):
     """As above, and bursts halve the larger maxima's first measurement at concurrency 16 on one two-thread instance,
-    with no time left to measure them again (REMEASURE_SHARE 0): those levels are lower bounds, so the delay that
-    fills max 8 is still tried first and published, not a two-instance variant that no burst reached."""
+    with no time left to measure them again (REMEASURE_SHARE 0), or read at 0.2 cores (below the repeats' threshold: a
+    burst near saturation gets only its share of the cores): those levels are lower bounds, so the delay that fills
+    max 8 is still tried first and published, not a two-instance variant that no burst reached."""
     now = [0.0]
     burst = {"now": False}
     hit: set[OperatingPoint] = set()
@@ -553,8 +555,8 @@ def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_r
             return replace(lv, throughput=lv.throughput / 2)
         return lv
 
-    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst))
-    monkeypatch.setattr(search_module, "REMEASURE_SHARE", 0.0)
+    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst, cores))
+    monkeypatch.setattr(search_module, "REMEASURE_SHARE", repeats)
     run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=45.0, baseline=0.0)
     assert len(hit) == 3 and search.remeasured == 0  # the start, max 4 and max 8: each kept at its halved figure
     first = next(v for v in search.variants if v.stage == "refine")

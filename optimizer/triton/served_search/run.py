@@ -68,6 +68,11 @@ repeats on max 16 and 32 at concurrency 4 (110-250/s beside a best of 1200/s the
 (max 4 with a queue delay, 1.5x the rest at that load on the quiet machine) then stood at its disturbed figure, lost,
 and the published config served 0.70x of the quiet choice (benchmarks/noisy_choice.py; with this rule the CNN still
 gave 0.76x under bursts, for another reason: README, "Limits")."""
+SUSPECT = DISTURBED / 2
+"""Others' load above the baseline that makes a level a lower bound for the order of the refinement (not for repeats or
+the published choice, which keep DISTURBED): a burst gets only its share of cores the server and perf_analyzer already
+fill, so near saturation it reads low. Under bursts the bundled CNN's max 4 read 817/s at concurrency 64 (1522/s quiet)
+with 0.28 cores of others' load, ranked low on it, and max 2 was published at 0.75x of the quiet choice."""
 UNKNOWN_PLATFORM = "unexpected platform type"
 """Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
 
@@ -159,7 +164,8 @@ class SearchRun:
     def _to_refine(self, space: SearchSpace) -> list[ServedVariant]:
         """Measured variants in the order their refinements are tried: the objective's ranking; with no load given, by
         what each could serve, not by what its worst level happened to show. A level another process's load reached
-        (kept when the repeats ran out) is a lower bound and does not rank it; a variant whose batches did not fill at
+        (SUSPECT: kept when the repeats ran out, or below their threshold) is a lower bound and does not rank it; a
+        variant whose batches did not fill at
         the ladder's lightest load ranks by its other loads until its fill delay is measured (the delay is its likeliest
         gain, and the light load is where it fails). Why: under bursts the bundled CNN's max 4 ranked third or fourth,
         on its concurrency-4 level (1085/s without a delay, max 2 1470/s) and a concurrency-64 level a burst had halved,
@@ -173,7 +179,7 @@ class SearchRun:
             delay = fill_delay_us(v, space)
             pending = delay is not None and replace(v.point, queue_delay_us=delay) not in self.seen
             light = v.curve[0].concurrency if v.curve else 0
-            curves[id(v)] = [lv for lv in v.curve if not self._disturbed(lv) and not (pending and lv.concurrency == light)]
+            curves[id(v)] = [lv for lv in v.curve if not self._disturbed(lv, SUSPECT) and not (pending and lv.concurrency == light)]
         ratios = robust_ratios({k: c for k, c in curves.items() if c})
         return sorted(ranked, key=lambda v: -ratios.get(id(v), (0.0, 0))[0])  # stable: the objective's order breaks ties
 
@@ -401,9 +407,9 @@ class SearchRun:
             self.search.remeasured += 1
         return kept
 
-    def _disturbed(self, level: LoadLevel) -> bool:
-        """Whether others' load reached `level` beyond the baseline (it stands only as a lower bound)."""
-        return self.baseline is not None and (level.others_busy or 0.0) > self.baseline + DISTURBED
+    def _disturbed(self, level: LoadLevel, margin: float = DISTURBED) -> bool:
+        """Whether others' load reached `level` by more than `margin` cores above the baseline (it is a lower bound)."""
+        return self.baseline is not None and (level.others_busy or 0.0) > self.baseline + margin
 
     def _out_of_reach(self, level: LoadLevel) -> bool:
         """Whether a disturbed level stays below the most any variant served undisturbed at its load even if the load had
