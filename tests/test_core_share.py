@@ -43,9 +43,9 @@ def spinning_on(core: int) -> Iterator[None]:
 
 
 def _share_while_sleeping(seconds: float = 0.5) -> float:
-    meter, t0 = ContentionMeter(), time.monotonic()
+    meter = ContentionMeter()
     time.sleep(seconds)
-    return meter.share(time.monotonic() - t0)
+    return meter.share()
 
 
 # -- the probe and the meter ---------------------------------------------------------------------------

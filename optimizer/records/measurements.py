@@ -27,7 +27,7 @@ class BatchProfile:
     cv: float
     others_cpu_share: float  # share of the measured cores' CPU used by other processes during the windows (0..1)
     peak_rss_mb: float = 0.0
-    retakes: int = 0  # times it was measured again because other processes used most of the CPU
+    retakes: int = 0  # times it was measured again because other processes' load rose while it was timed
 
     def percentile_ms(self, percentile: int) -> float:
         return {50: self.p50_ms, 90: self.p90_ms, 95: self.p95_ms, 99: self.p99_ms}[percentile]
