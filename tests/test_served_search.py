@@ -517,7 +517,7 @@ def _fills_with_a_delay(point: OperatingPoint, c: int) -> LoadLevel:
 def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_failing_only_at_the_light_load(monkeypatch, tmp_path: Path):
     """On a clock that only measurements move (1 s a level), a budget that leaves two refinements before the settling.
     Max 4 and 8 without a delay are worst at concurrency 4 (1000/s beside max 2's 1800/s), so both max-2 layouts rank
-    above them; their fill delay (1 s to measure) is what lifts them to the best at every load, and it is tried first.
+    above them; their fill delay is what lifts them to the best at every load, and it is tried first.
     Why: the bundled CNN under bursts had published max 2 at 0.76x of the quiet choice, max 4's 800 us delay untried."""
     now = [0.0]
     monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
