@@ -67,7 +67,7 @@ of 2 x 1 (README, "Beside another job"); 4x leaves a margin. Why: under bursts t
 repeats on max 16 and 32 at concurrency 4 (110-250/s beside a best of 1200/s there), and a refinement that mattered
 (max 4 with a queue delay, 1.5x the rest at that load on the quiet machine) then stood at its disturbed figure, lost,
 and the published config served 0.70x of the quiet choice (benchmarks/noisy_choice.py; with this rule the CNN still
-gave 0.76x under bursts, for another reason: README, "Limits")."""
+gave 0.76x under bursts, for the refinement's order: SearchRun._to_refine, SUSPECT)."""
 SUSPECT = DISTURBED / 2
 """Others' load above the baseline that makes a level a lower bound for the order of the refinement (not for repeats or
 the published choice, which keep DISTURBED): a burst gets only its share of cores the server and perf_analyzer already
@@ -165,9 +165,8 @@ class SearchRun:
         """Measured variants in the order their refinements are tried: the objective's ranking; with no load given, by
         what each could serve, not by what its worst level happened to show. A level another process's load reached
         (SUSPECT: kept when the repeats ran out, or below their threshold) is a lower bound and does not rank it; a
-        variant whose batches did not fill at
-        the ladder's lightest load ranks by its other loads until its fill delay is measured (the delay is its likeliest
-        gain, and the light load is where it fails). Why: under bursts the bundled CNN's max 4 ranked third or fourth,
+        variant whose batches did not fill at the ladder's lightest load ranks by its other loads until its fill delay
+        is measured (the delay is its likeliest gain, and the light load is where it fails). Why: under bursts the bundled CNN's max 4 ranked third or fourth,
         on its concurrency-4 level (1085/s without a delay, max 2 1470/s) and a concurrency-64 level a burst had halved,
         the 900 us delay that lifted it on the quiet machine was never measured, and max 2 served 0.75x of the quiet
         choice (benchmarks/noisy_choice.py)."""
