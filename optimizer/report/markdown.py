@@ -261,7 +261,7 @@ def _max_batch(result: TuneResult, published_max: int | None = None) -> str:
     retaken = sum(p.retakes for c in result.candidates if c.decision for p in c.decision.profiles)
     if retaken:
         lines.append(f"- {retaken} measurement(s) across the candidates were taken again because other processes' load rose "
-                     "while they were timed (at most 2 per batch size, once that load fell; the least disturbed one is kept).")
+                     "while they were timed (at most 2 per batch size, each after waiting up to 3 s for that load to fall; the least disturbed one is kept).")
     lines += ["", f"Measurements of {cand.name}:", ""]
     header = ("batch", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "stable", "cv", "others' CPU", "peak RSS MiB")
     rows = []

@@ -97,14 +97,15 @@ def measure_settled(run: Callable[[], Any], batch_size: int, settings: ProfileSe
     the bundled transformer's OpenVINO batches 2 and 4 then stood at 0.7x their quiet figures, its batch search
     stopped at 4 with max 1, and the export published TorchScript (benchmarks/noisy_choice.py)."""
     best = measure(run, batch_size, settings)
+    quiet = settings.busy_share * len(available_cores())  # in cores, as the load watch reads them
     tries = 0
     while best.others_cpu_share > settings.busy_share and tries < settings.retakes:
         tries += 1
         if _Load.stays:
             time.sleep(0.2 * tries)
         else:
-            seen = wait_for_quiet(settings.busy_share * len(available_cores()), settings.quiet_wait_s)
-            _Load.stays = seen is not None and seen > settings.busy_share * len(available_cores())
+            seen = wait_for_quiet(quiet, settings.quiet_wait_s)
+            _Load.stays = seen is not None and seen > quiet
         again = measure(run, batch_size, settings)
         steady = best.others_cpu_share - again.others_cpu_share < STEADY_LOAD
         if again.others_cpu_share < best.others_cpu_share:

@@ -72,7 +72,7 @@ SUSPECT = DISTURBED / 2
 """Others' load above the baseline that makes a level a lower bound for the order of the refinement (not for repeats or
 the published choice, which keep DISTURBED): a burst gets only its share of cores the server and perf_analyzer already
 fill, so near saturation it reads low. Under bursts the bundled CNN's max 4 read 817/s at concurrency 64 (1522/s quiet)
-with 0.28 cores of others' load, ranked low on it, and max 2 was published at 0.75x of the quiet choice."""
+with 0.28 cores of others' load, ranked low on it, and max 2 was published at 0.78x of the quiet choice."""
 UNKNOWN_PLATFORM = "unexpected platform type"
 """Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
 
@@ -166,10 +166,10 @@ class SearchRun:
         what each could serve, not by what its worst level happened to show. A level another process's load reached
         (SUSPECT: kept when the repeats ran out, or below their threshold) is a lower bound and does not rank it; a
         variant whose batches did not fill at the ladder's lightest load ranks by its other loads until its fill delay
-        is measured (the delay is its likeliest gain, and the light load is where it fails). Why: under bursts the bundled CNN's max 4 ranked third or fourth,
-        on its concurrency-4 level (1085/s without a delay, max 2 1470/s) and a concurrency-64 level a burst had halved,
-        the 900 us delay that lifted it on the quiet machine was never measured, and max 2 served 0.75x of the quiet
-        choice (benchmarks/noisy_choice.py)."""
+        is measured (the delay is its likeliest gain, and the light load is where it fails). Why: under bursts the
+        bundled CNN's max 4 ranked third or fourth, on its concurrency-4 level (1085/s without a delay, max 2 1470/s)
+        and a concurrency-64 level a burst had halved, the 900 us delay that lifted it on the quiet machine was never
+        measured, and max 2 served 0.75x of the quiet choice (benchmarks/noisy_choice.py)."""
         ranked = self.ranked()
         if self.objective.kind != "max-throughput":
             return ranked
