@@ -234,6 +234,27 @@ def test_bf16_candidates_export_serve_and_answer_within_the_gate(in_tmp: Path):
 
 
 @pytest.mark.slow
+def test_torch_aoti_bf16_is_compiled_behind_fp32_io_and_serves_within_the_gate(in_tmp: Path):
+    """The bf16 wrapper (casts inside) compiled by AOTInductor: the package keeps the fp32 call spec Triton's pytorch
+    backend names its tensors by, so the positional model and the ensemble in front of it serve it unchanged."""
+    r = run_cli("export", MLP, "--precision", "bf16", "--backend", "torch-aoti", "--max-batch-size", "4", "--eager-gate", "disabled",
+                "--serve-search", "off", "--repository", "repo", "--validate", "--validate-concurrency", "1:1", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    report = _report(in_tmp)
+    cand = _candidate(report, "torch-aoti[cpu,bf16]")
+    accuracy = cand["correctness"]["accuracy"]
+    assert report["selected"] == cand["name"] and cand["status"] == "passed" and accuracy["passed"]
+    assert max(o["max_abs"] for o in accuracy["outputs"]) > 0, "it really computes below fp32"
+    assert cand["artifact"]["metadata"]["precision"] == "bf16"
+    positional = (in_tmp / "repo" / "seeded_mlp__positional" / "config.pbtxt").read_text()
+    assert positional.startswith("# precision: bf16 (bf16 compute, fp32 inputs and outputs); accuracy gate vs fp32 eager: cosine ")
+    assert 'platform: "torch_aoti"' in positional and "TYPE_FP32" in positional
+    validation = json.loads(next(in_tmp.glob("aitune-reports/*/validation.json")).read_text())
+    assert validation["status"] == "passed"
+    assert all(a["passed"] and a["accuracy"]["passed"] for a in validation["answers"]), "served through the ensemble, within the gate"
+
+
+@pytest.mark.slow
 def test_int8_by_nncf_and_onnxruntime_qdq_calibrated_on_the_samples(in_tmp: Path):
     samples = _samples(in_tmp / "samples.npz")
     # a 4-output MLP loses more to INT8 than the default cosine 0.999 allows (0.9975 here): the user's budget admits it

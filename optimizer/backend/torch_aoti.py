@@ -14,9 +14,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterator
 
 from optimizer.backend.base import Availability, Backend, Runner
+from optimizer.backend.precision import reduced_precision_module
 from optimizer.backend.torch_export import args_dynamic_shapes, example_args, export_failure, flat_outputs_module
 from optimizer.backend.torch_runner import TorchRunner
 from optimizer.errors import BackendError, first_line
@@ -102,6 +104,9 @@ class TorchAOTIBackend(Backend):
     # A DDP wrapper unwraps fine, but DTensor-sharded modules (FSDP2, tensor parallel) would need their
     # collectives compiled into the package; untested, so distributed modules stay with TorchScript.
     distributed_ok = False
+    precisions = MappingProxyType({"cpu": frozenset({"fp32", "bf16"}), "cuda": frozenset({"fp32", "fp16", "bf16"})})
+    """bf16/fp16 compile the module behind the reduced-precision wrapper: casts inside, the model's own dtypes at the
+    package's boundary, so the config, the clients and Triton's pytorch backend see what an fp32 package has."""
 
     def availability(self, device: str, quick: bool = False) -> Availability:
         found = super().availability(device, quick)
@@ -127,6 +132,8 @@ class TorchAOTIBackend(Backend):
         module = model.inner_module
         if isinstance(module, torch.jit.ScriptModule):
             raise BackendError("torch.export cannot export a TorchScript module; give the Python module (package.module:callable) to build torch-aoti.")
+        precision = self.settings["precision"]
+        module = reduced_precision_module(module, precision, [t.dtype.torch_name for t in signature.outputs])
         workdir.mkdir(parents=True, exist_ok=True)
         if Device.of(device).kind == "cuda":
             module = module.to(str(device))
@@ -163,6 +170,7 @@ class TorchAOTIBackend(Backend):
                 "inductor_cache": str(cache),
                 "inductor_cache_from": chosen_by,
                 "compiler": compiler(),
+                **({"precision": precision} if precision != "fp32" else {}),  # fp32 reports stay as they were
                 "dynamic_axes": {name: {str(axis): str(dim) for axis, dim in axes.items()} for name, axes in zip(signature.input_names, dynamic[0])},
                 **self.versions(),
             },
