@@ -170,6 +170,14 @@ def test_openvino_ir_must_not_be_newer_than_the_release():
     assert older.verdict == "ok" and "older IR" in older.note
 
 
+def test_an_openvino_bf16_candidate_checks_that_the_release_takes_hint_bf16():
+    bf16 = {c.fact: c for c in _gate("26.07").checks(backend_named("openvino", precision="bf16"))}
+    assert bf16["HINT_BF16"].verdict == "ok" and bf16["HINT_BF16"].release == "yes"
+    assert "a5ae9c9" in RELEASES["24.10"].openvino_hint_bf16.source, "dated by the backend commit that added it"
+    assert "HINT_BF16" not in {c.fact for c in _gate("26.07").checks(backend_named("openvino"))}, "fp32 sets no precision parameter"
+    assert RELEASES["26.07"].to_json()["openvino_hint_bf16"]["value"] is True
+
+
 def test_tensorrt_major_minor_and_not_installed():
     assert _verdicts(_gate("24.12"), "tensorrt") == {"tensorrt": "unchecked"}  # not installed: the candidate is unavailable anyway
     shipped = RELEASES["24.12"].tensorrt.value

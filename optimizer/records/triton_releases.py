@@ -78,6 +78,11 @@ class TritonRelease:
     pytorch_libtorch: PlatformStatus
     torch_aoti: PlatformStatus
 
+    @property
+    def openvino_hint_bf16(self) -> Fact:
+        """Whether the release's openvino backend takes HINT_BF16, an openvino bf16 candidate's only precision switch."""
+        return OPENVINO_HINT_BF16
+
     def platform(self, key: str) -> PlatformStatus | None:
         """The PyTorch backend's status for `key`; None for platforms served by their own backends (ORT, OpenVINO, TensorRT)."""
         return {"pytorch_libtorch": self.pytorch_libtorch, "torch_aoti": self.torch_aoti}.get(key)
@@ -96,6 +101,7 @@ class TritonRelease:
             value = getattr(self, f.name)
             if isinstance(value, (Fact, PlatformStatus)):
                 out[f.name] = value.to_json()
+        out["openvino_hint_bf16"] = self.openvino_hint_bf16.to_json()
         return out
 
 
@@ -122,6 +128,12 @@ def version_tuple(text: str | None) -> tuple[int, ...]:
 
 _S = "secondary (s): third-party quotes of the NGC image; confirm inside the image"
 _QA21 = "Triton QA exported opset 21 for this release (gen_qa_model_repository, onnx 1.16.1)"
+
+
+OPENVINO_HINT_BF16 = Fact(True, "openvino_backend a5ae9c9 (2022-08-19, \"Migrate OV to 2022.1\") added the HINT_BF16 parameter "
+                               "(ov::hint::inference_precision bf16); its newest source (db19304) still parses it; every release "
+                               "in this table is later")
+"""One fact for every row: the parameter predates the table's first release (24.10)."""
 
 
 def _b(release: str, what: str) -> str:

@@ -261,7 +261,12 @@ def _openvino_checks(gate: ReleaseGate, backend: Backend) -> list[ReleaseCheck]:
                              "(an older runtime may not load a newer IR)",
                              f"pip install 'openvino=={pin}.*', or --allow-version-mismatch to publish anyway")]
     note = "" if here == there else "a newer runtime reads an older IR (Intel KB 000091835); the same version is preferred"
-    return [ReleaseCheck(backend.name, "openvino", local, r.openvino.shown(), "ok", note=note)]
+    out = [ReleaseCheck(backend.name, "openvino", local, r.openvino.shown(), "ok", note=note)]
+    if backend.settings.get("precision") == "bf16":  # the config's HINT_BF16 must mean something to the release's backend
+        out.append(_fact_check(backend.name, "HINT_BF16", "HINT_BF16: YES", r.openvino_hint_bf16, r.release,
+                               lambda rel: rel.openvino_hint_bf16.value is True, f"Triton {r.release}'s openvino backend has no HINT_BF16",
+                               f"whether Triton {r.release}'s openvino backend takes HINT_BF16 is unconfirmed", "--precision fp32"))
+    return out
 
 
 def _tensorrt_checks(gate: ReleaseGate, backend: Backend) -> list[ReleaseCheck]:
