@@ -222,6 +222,48 @@ def test_the_prediction_interpolates_latency_between_measured_loads_and_stays_fl
     assert predict_throughput([], 4) is None
 
 
+def _batching_server(c: int, max_batch: int = 4, delay_ms: float = 0.5) -> LoadLevel:
+    """A made-up served config: 1 ms a lone request, +0.1 ms per request in flight, and below the max batch (where
+    closed-loop batches cannot fill) every request waits the queue delay too."""
+    latency = 1.0 + 0.1 * (c - 1) + (delay_ms if c < max_batch else 0.0)
+    return level(c, c * 1000.0 / latency)
+
+
+def test_below_the_first_measured_load_the_prediction_extrapolates_latency_and_adds_the_batchers_wait():
+    curve = [_batching_server(c) for c in (4, 16)]
+    point = OperatingPoint(4, (), 500, 2, 1)
+    for c in (1, 2, 3, 8, 12):
+        assert predict_throughput(curve, c, 0.2, point) == pytest.approx(_batching_server(c).throughput, rel=1e-6)
+    # the loads measured fill their batches, so their line has no wait in it: without the batcher a lone request
+    # would be predicted 1.5x too fast (1 ms instead of 1.5)
+    assert predict_throughput(curve, 1, 0.2) == pytest.approx(1.5 * _batching_server(1).throughput, rel=1e-6)
+    # a preferred size the requests in flight can form leaves at once: no wait at 2 with preferred [2]
+    assert predict_throughput(curve, 2, 0.2, OperatingPoint(4, (2,), 500, 2, 1)) == pytest.approx(2000.0 / 1.1)
+    assert predict_throughput(curve, 1, 0.2, OperatingPoint(4, (), 0, 2, 1)) == pytest.approx(1000.0)  # no delay, no wait
+
+
+def _padding_server(c: int, max_batch: int = 4, full_ms: float = 6.6) -> LoadLevel:
+    """A made-up openvino-like config, one instance: every execution computes a full max batch (6.6 ms) whatever arrives,
+    so c requests in flight above the max take ceil(c / max) executions (what the bundled CNN served, 5 to 12 in flight)."""
+    return level(c, c * 1000.0 / (-(-c // max_batch) * full_ms))
+
+
+def test_a_padding_backend_is_predicted_to_pay_for_full_executions_between_multiples_of_its_max():
+    curve = [_padding_server(c) for c in (4, 16)]
+    point = OperatingPoint(4, (), 0, 1, 2)
+    for c in (5, 6, 7, 9, 12):
+        assert predict_throughput(curve, c, None, point, pads=True) == pytest.approx(_padding_server(c).throughput, rel=1e-6)
+    # read as a backend that computes only what arrives, 5 in flight would be predicted 1.6x what the padded one serves
+    assert predict_throughput(curve, 5, None, point) == pytest.approx(1.6 * _padding_server(5).throughput, rel=1e-6)
+
+
+def test_the_extrapolated_latency_stays_within_littles_bounds():
+    steep = [level(4, 4000.0), level(16, 2000.0)]  # latency 1 ms at 4, 8 ms at 16: the line would reach below zero at 1
+    assert predict_throughput(steep, 1) == pytest.approx(4000.0)  # never more than the throughput measured at 4
+    flat = [level(4, 400.0), level(16, 1600.0)]  # 10 ms at every load: one request is no slower than four
+    assert predict_throughput(flat, 1) == pytest.approx(100.0)
+
+
 # -- the search against a made-up server ------------------------------------------------------------------------
 
 

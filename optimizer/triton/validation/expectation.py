@@ -12,7 +12,7 @@ from optimizer.model.signature import Signature
 from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.correctness import Tolerance, tolerances_from_json
 from optimizer.records.report_file import read_report
-from optimizer.records.served_search import LoadLevel, ServedSearch
+from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch
 from optimizer.triton.validation.target import ModelTarget
 
 
@@ -36,6 +36,8 @@ class ExportReference:
     predicted_how: str = ""  # where the prediction comes from, in words
     predicted_cores: str = ""  # "1 of 2 cores" (in-process) or "every core while ..." when others' load shared the export's measurements
     served_curve: list[LoadLevel] = field(default_factory=list)  # what the served search measured of the published config, per load
+    served_point: OperatingPoint | None = None  # that config's batcher and layout (its queue delay is part of the prediction)
+    served_pads: bool = False  # its backend computes max_batch_size rows for every execution (openvino)
     single_request_ms: float | None = None  # the server's cost per request + the in-process time of a batch of one
     served_protocol: str = ""  # what the served search measured over ("" before it was recorded)
     accuracy: AccuracyBudget | None = None  # the gate a bf16 / INT8 winner passed (None: fp32, judged by the tolerances)
@@ -132,6 +134,9 @@ def load_export_reference(report_path: Path) -> ExportReference:
             if v.point == search.chosen and v.status == "measured":
                 curve.update({lv.concurrency: lv for lv in v.curve})
         reference.served_curve = [curve[c] for c in sorted(curve)]
+        reference.served_point = search.chosen
+        artifact = result.selected_candidate.artifact
+        reference.served_pads = bool(artifact is not None and artifact.platform is not None and artifact.platform.pads_batch)
         reference.served_protocol = search.protocol
         if search.beside_load and search.measured_on:
             reference.predicted_cores = (f"every core while other processes kept {float(search.measured_on['others_busy']):.1f} of "

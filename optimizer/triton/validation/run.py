@@ -246,7 +246,8 @@ def _compare_with_curve(record: ValidationRecord, reference: ExportReference, ro
             record.repeatability.append({"concurrency": row.concurrency, "searched": round(searched, 2), "served": round(row.throughput, 2),
                                          "ratio": round(row.throughput / searched, 3)})
             continue
-        predicted = predict_throughput(reference.served_curve, row.concurrency, reference.single_request_ms)
+        predicted = predict_throughput(reference.served_curve, row.concurrency, reference.single_request_ms, reference.served_point,
+                                       reference.served_pads)
         if predicted:
             record.predictions.append({"concurrency": row.concurrency, "predicted": round(predicted, 2), "served": round(row.throughput, 2),
                                        "ratio": round(row.throughput / predicted, 3)})
@@ -258,7 +259,11 @@ def _compare_with_curve(record: ValidationRecord, reference: ExportReference, ro
         ratios = [p["ratio"] for p in record.predictions]
         record.throughput_ratio = round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 3)
         record.predicted_how += ("; predicted at the loads the search did not measure from its curve"
-                                 + (" and one request's cost" if reference.single_request_ms else ""))
+                                 + (" and one request's cost" if reference.single_request_ms else "")
+                                 + (f" (with the batcher's {reference.served_point.queue_delay_us} us wait where batches cannot fill)"
+                                    if reference.served_point and reference.served_point.queue_delay_us else "")
+                                 + ("; a load that is not a multiple of the max batch pays for full executions (the backend pads)"
+                                    if reference.served_pads else ""))
     else:
         record.notes.append("every load of this sweep was measured by the served search: only repeatability is reported; "
                             "sweep other concurrencies (--concurrency) to test the prediction")
