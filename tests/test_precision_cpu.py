@@ -249,6 +249,8 @@ def test_torch_aoti_bf16_is_compiled_behind_fp32_io_and_serves_within_the_gate(i
     positional = (in_tmp / "repo" / "seeded_mlp__positional" / "config.pbtxt").read_text()
     assert positional.startswith("# precision: bf16 (bf16 compute, fp32 inputs and outputs); accuracy gate vs fp32 eager: cosine ")
     assert 'platform: "torch_aoti"' in positional and "TYPE_FP32" in positional
+    front = (in_tmp / "repo" / "seeded_mlp" / "config.pbtxt").read_text()
+    assert front.splitlines()[0] == positional.splitlines()[0] and 'platform: "ensemble"' in front, "the model clients call says it too"
     validation = json.loads(next(in_tmp.glob("aitune-reports/*/validation.json")).read_text())
     assert validation["status"] == "passed"
     assert all(a["passed"] and a["accuracy"]["passed"] for a in validation["answers"]), "served through the ensemble, within the gate"

@@ -250,7 +250,7 @@ def _publish_behind_front(result: TuneResult, options: PublishOptions, files: di
             config.version_policy.specific.versions.extend(int(v) for v in policy["specific"])
         facts = rules.facts_for(artifact, options.name, state.versions_after, {})
         rules.check(config, facts, f"config.pbtxt of the ensemble {options.name!r} in front of {inner!r}")
-        return canonical(config)
+        return precision_comment(result.selected_candidate) + canonical(config)  # the model clients call says it too
 
     first = RepositoryState(options.name, False, (), options.version or 1, options.overwrite, None)
     front_for(prepare_config(result, replace(options, name=inner))[0], first)
