@@ -64,6 +64,22 @@ def test_beside_other_load_a_cpu_search_measures_only_the_starts_layout_and_stil
     assert layouts(SearchSpace.of(None, gpu_start, 16, gpu=True, beside_load=True)) == [(1, None), (2, None)]  # busy CPU cores, not the GPU
 
 
+def test_a_max_1_start_keeps_the_in_process_peak_and_the_rules_delay_in_the_space():
+    """A padding backend's rules may start at max 1 (no batching, so no delay or preferred size in its config); the
+    refinement still tries the rules' preferred size and delay around a batching variant (the issue's coarse pass)."""
+    from optimizer.records.measurements import MaxBatchDecision
+
+    decision = MaxBatchDecision([], 1, 1, 2, "peak", peak=2, largest_fit=4)
+    start = OperatingPoint(1, (), 0, 1, 2)
+    sp = SearchSpace.of(decision, start, 2, gpu=False, rules_delay_us=130)
+    assert (sp.peak, sp.rules_delay_us, sp.largest_fit) == (2, 130, 4)
+    around = refinements(OperatingPoint(4, (), 0, 1, 2), sp, {start})
+    assert OperatingPoint(4, (2,), 0, 1, 2) in around and OperatingPoint(4, (), 130, 1, 2) in around
+    assert OperatingPoint(4, (2,), 130, 1, 2) in around
+    fixed = SearchSpace.of(MaxBatchDecision([], 1, 1, 2, "user_cap", peak=2, largest_fit=4), start, 2, gpu=False, user_max=1, rules_delay_us=130)
+    assert (fixed.peak, fixed.largest_fit) == (1, 1), "a --max-batch-size 1 stays the whole space"
+
+
 def test_the_coarse_pass_covers_layouts_by_the_peak_2x_4x_and_the_largest_fit_without_delay_or_preferred_sizes():
     grid = coarse_grid(space(concurrency=64))
     assert {(p.max_batch_size, p.instances) for p in grid} == {(b, n) for b in (8, 16, 32, 64) for n in (1, 2)}

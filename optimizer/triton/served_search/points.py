@@ -61,9 +61,14 @@ class SearchSpace:
 
     @classmethod
     def of(cls, decision: MaxBatchDecision | None, start: OperatingPoint, cores: int, gpu: bool, concurrency: int = 0,
-           user_max: int | None = None, beside_load: bool = False) -> SearchSpace:
+           user_max: int | None = None, beside_load: bool = False, rules_delay_us: int | None = None) -> SearchSpace:
         """The space around the rules' start point; `user_max` is --max-batch-size when the user gave one; `beside_load`:
-        other processes kept cores busy as the search began (then the start's layout is held, see HELD_LAYOUT)."""
+        other processes kept cores busy as the search began (then the start's layout is held, see HELD_LAYOUT);
+        `rules_delay_us`: the rules' queue delay when the start cannot carry one (max 1).
+
+        A start of max 1 (a padding backend's rules for every load, find_max_batch_size.every_load_max) batches nothing,
+        but the space still holds the in-process peak (the rules' preferred size) and the rules' delay: the bundled CNN's
+        search had lost both, and ended after 10 variants with a third of its budget left."""
         fixed = user_max or (start.max_batch_size if decision is not None and decision.decided_by in ("user_cap", "recorded") else None)
         largest = max(start.max_batch_size, (decision.largest_fit or decision.max_batch_size) if decision is not None else 0)
         if decision is not None and decision.measured_max:  # measured on fewer cores: the batches measured there bound it
@@ -71,8 +76,11 @@ class SearchSpace:
         if fixed:
             largest = fixed
         peak = max(start.preferred, default=max(1, start.max_batch_size))
+        delay = start.queue_delay_us
+        if start.max_batch_size == 1 and decision is not None and (decision.peak or 0) > 1:
+            peak, delay = decision.peak, rules_delay_us or 0
         layout = (start.instances, start.threads) if beside_load and not gpu else None
-        return cls(max(1, min(peak, largest)), max(1, largest), fixed, max(1, cores), gpu, concurrency, start.queue_delay_us,
+        return cls(max(1, min(peak, largest)), max(1, largest), fixed, max(1, cores), gpu, concurrency, delay,
                    start.max_batch_size > 0, layout)
 
 

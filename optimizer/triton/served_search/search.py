@@ -25,7 +25,7 @@ from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.front import needs_front
 from optimizer.triton.local_serving import needs_translation, translation_note
-from optimizer.triton.model_config import config_signature, operating_point_of, parse
+from optimizer.triton.model_config import batching_plan, config_signature, operating_point_of, parse
 from optimizer.triton.perf_analyzer_input import write_input_data
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.cache import ServedSearchCache, search_key
@@ -142,7 +142,10 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
             first = _as_measured(search.start, decision)
             on_event(Event("serve", "progress", result.selected or "", BESIDE_LOAD.format(busy=share.others_busy, cores=len(share.available))))
         beside = share is not None and share.reduced
-        space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside)
+        rules_delay = (batching_plan(decision, decision.peak, request.latency_budget_ms, request.percentile).max_queue_delay_microseconds
+                       if first.max_batch_size == 1 and decision is not None and (decision.peak or 0) > 1 else None)
+        space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside,
+                               rules_delay_us=rules_delay)
         if space.layout is not None:
             search.held_layout = HELD_LAYOUT
         deadline = time.monotonic() + request.budget_s
