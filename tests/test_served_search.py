@@ -305,7 +305,7 @@ class _Loader:
 
 
 def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_largest: int = 64, budget_s: float = 600.0, wrong: str = "",
-         baseline: float | None = None):
+         baseline: float | None = None, start_max: int = 8, pads: bool = False):
     """Run the search's order (start, coarse, refine, settle, base) against `served(point, concurrency) -> LoadLevel`:
     the repository API and perf_analyzer are replaced, the order, the scoring and the publishing choice are the real ones."""
     loader = _Loader()
@@ -326,10 +326,10 @@ def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_l
     run = search_module.SearchRun(result, PublishOptions(tmp_path / "repo", "m"), request, search, loader, bench, lambda: None,
                              time.monotonic() + budget_s, lambda e: None, baseline=baseline)
     fixed = request.user_max
-    m = fixed or min(8, decision_largest)  # the rules' start: the user's max, else the in-process peak within what fit
+    m = fixed or min(start_max, decision_largest)  # the rules' start: the user's max, else the in-process peak within what fit
     start = OperatingPoint(m, (m,) if m > 1 else (), 200, 1, 2)
     run.measure([start], "start")
-    sp = SearchSpace(m, fixed or decision_largest, fixed, 2, False, request.concurrency or 0, 200)
+    sp = SearchSpace(m, fixed or decision_largest, fixed, 2, False, request.concurrency or 0, 200, pads=pads)
     if run.best is None:
         return run, search, loader, "the start failed"
     stopped = run.explore(sp)
@@ -658,6 +658,39 @@ def test_with_no_load_a_search_out_of_time_in_the_coarse_pass_measures_the_likel
     assert order.index("refine") < len(order) - 1 - order[::-1].index("coarse")  # measured before the coarse pass ended
     assert gain.point == replace(START, queue_delay_us=gain.point.queue_delay_us) and gain.point.queue_delay_us >= 400
     assert run.best.point == gain.point
+
+
+def _padding_with_a_batching_gain(point: OperatingPoint, c: int) -> LoadLevel:
+    """A made-up padding backend whose full batches serve much more up to 8 rows (the bundled transformer served 1179/s
+    at max 4 and 1974/s at max 8 at concurrency 16): a max above the load computes rows nobody sent."""
+    rows = max(1, point.max_batch_size)
+    full = {1: 500.0, 2: 700.0, 4: 900.0, 8: 1500.0, 16: 1600.0, 32: 1650.0}[rows]
+    formed = min(c, rows)
+    return LoadLevel(c, full * formed / rows, 1.0, 1.0, 1.0, 1.0, server_batch=float(formed))
+
+
+@pytest.mark.parametrize("pads", [True, False])
+def test_with_no_load_a_padding_backend_measures_its_large_maxima_after_refining_the_small_ones(monkeypatch, tmp_path: Path, pads):
+    """On a clock only measurements move (1 s a level) and a budget too short for every variant: a padding backend's
+    coarse pass measures maxima up to 8 first, refines them, and only then tries 16 and 32, which pad the ladder's load of 4
+    4-8x. The bundled transformer had spent 4 of 13 variants on 16 and 32 and published max 4 at 0.60x at its worst load."""
+    now = [0.0]
+    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
+
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        now[0] += 1.0
+        return _padding_with_a_batching_gain(point, c)
+
+    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=32, budget_s=45.0,
+                                   baseline=0.0, start_max=1, pads=pads)
+    coarse = [v.point.max_batch_size for v in search.variants if v.stage == "coarse"]
+    if pads:
+        assert 8 in coarse[:6] and not {16, 32} & set(coarse[:6]), coarse  # 2, 4 and 8 in both layouts first
+        assert run.best.point.max_batch_size == 8, run.best.point  # worst 0.83x the best at a load, max 4 0.55x
+    else:  # the other backends keep the pass as it was: the large maxima before any refinement
+        first_refine = next(i for i, v in enumerate(search.variants) if v.stage == "refine")
+        assert {16, 32} <= {v.point.max_batch_size for v in search.variants[:first_refine]}
 
 
 def test_the_time_budget_ends_the_search_with_the_best_measured(monkeypatch, tmp_path: Path):

@@ -36,6 +36,12 @@ FILL_DELAY_SHARE = 0.25
 """A fill delay is this share of a request's median latency at the lightest load: about the time a client's next request
 takes to come back round (client, network and the server's request handling), small beside the batch it fills."""
 FILL_DELAY_MAX_US = 5000
+PADDED_FIRST = 2 * LADDER_START
+"""With no load given, a backend that pads (openvino) has its maxima up to this measured (and refined) before larger ones:
+at the ladder's first load of 4 a max of 16 computes 16 rows for 4 requests, so it cannot hold up at every load. On the
+bundled transformer the coarse pass spent 4 of its 13 variants on maxima 16 and 32 (0.08-0.22x the best at 4), and the
+budget ended before the fill delay of max 8, the best at 16 and 64 by 1.5x, was tried: max 4 with no delay was published,
+0.60x the best measured at its worst load."""
 HELD_LAYOUT = ("instance layouts were not compared: another process's load does not slow them alike (instances of several threads "
                "lose more than single-thread ones), so the rules' layout for every core was kept and only the batcher was searched on it")
 """Why a search beside other processes' load measures one layout. The bundled transformer's busy exports published 2
@@ -58,10 +64,11 @@ class SearchSpace:
     rules_delay_us: int = 0
     batching: bool = True  # False: the model does not batch (max_batch_size 0): only the instance layout varies
     layout: tuple[int, int | None] | None = None  # beside other processes' load: the one layout measured (see HELD_LAYOUT)
+    pads: bool = False  # the backend computes max_batch_size rows for every execution (openvino): see PADDED_FIRST
 
     @classmethod
     def of(cls, decision: MaxBatchDecision | None, start: OperatingPoint, cores: int, gpu: bool, concurrency: int = 0,
-           user_max: int | None = None, beside_load: bool = False, rules_delay_us: int | None = None) -> SearchSpace:
+           user_max: int | None = None, beside_load: bool = False, rules_delay_us: int | None = None, pads: bool = False) -> SearchSpace:
         """The space around the rules' start point; `user_max` is --max-batch-size when the user gave one; `beside_load`:
         other processes kept cores busy as the search began (then the start's layout is held, see HELD_LAYOUT);
         `rules_delay_us`: the rules' queue delay when the start cannot carry one (max 1).
@@ -81,7 +88,7 @@ class SearchSpace:
             peak, delay = decision.peak, rules_delay_us or 0
         layout = (start.instances, start.threads) if beside_load and not gpu else None
         return cls(max(1, min(peak, largest)), max(1, largest), fixed, max(1, cores), gpu, concurrency, delay,
-                   start.max_batch_size > 0, layout)
+                   start.max_batch_size > 0, layout, pads)
 
 
 def seed_concurrency(start: OperatingPoint) -> int:
@@ -118,6 +125,8 @@ def max_batches(space: SearchSpace) -> list[int]:
     cap = min(space.largest_fit, space.concurrency) if space.concurrency else space.largest_fit
     if not space.concurrency:  # no load given: a max each load of the ladder fills, besides the peak, 2x and the largest
         sizes = {max(1, min(b, cap)) for b in (space.peak, 2 * space.peak, space.largest_fit, *ladder_loads(cap))}
+        if space.pads:  # and the largest a padding backend measures first (PADDED_FIRST)
+            sizes.add(min(PADDED_FIRST, cap))
     else:
         sizes = {max(1, min(b, cap)) for b in (space.peak, 2 * space.peak, 4 * space.peak, space.largest_fit)}
     smaller = min(sizes) // 2
@@ -146,6 +155,11 @@ def coarse_grid(space: SearchSpace) -> list[OperatingPoint]:
     nearest = min(sizes, key=lambda s: abs(s - space.peak))
     sizes.sort(key=lambda b: (b == nearest, b) if not space.concurrency else (b != nearest, b))
     return [OperatingPoint(b, (), 0, n, t) for b in sizes for n, t in layouts(space)]
+
+
+def padded_later(point: OperatingPoint, space: SearchSpace) -> bool:
+    """With no load given, whether a padding backend's max waits until the smaller ones were measured and refined."""
+    return space.pads and not space.concurrency and not space.fixed_max and point.max_batch_size > PADDED_FIRST
 
 
 def refinements(best: OperatingPoint, space: SearchSpace, measured: set[OperatingPoint], fill_delay: int | None = None) -> list[OperatingPoint]:

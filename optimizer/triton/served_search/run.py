@@ -28,7 +28,8 @@ from optimizer.triton.served_search.answers import wrong_answers
 from optimizer.triton.served_search.loader import VariantLoader, private_name, server_gone
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, mean_level, measure_level, settle_level, sweep, warm_up
 from optimizer.triton.served_search.objective import OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW, robust_ratios, worst_so_far
-from optimizer.triton.served_search.points import LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, fill_delay_us, latency_at, refinements, seed_concurrency
+from optimizer.triton.served_search.points import (LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, fill_delay_us, latency_at,
+                                                   padded_later, refinements, seed_concurrency)
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.servers import locally
 
@@ -153,13 +154,18 @@ class SearchRun:
         """What the coarse pass has not measured yet, then the refinement around the best two, again while a round
         replaced them (REFINE_ROUNDS at most), then with time left around every other variant, best first. Why the last:
         the bundled CNN's largest fit of 8 leaves a coarse pass of 3 maxima x 2 layouts, and its search had ended after
-        11 variants in 70 s of a 90 s budget, its third best and below never tried with a queue delay."""
-        self.measure([p for p in coarse_grid(space) if p not in self.seen], "coarse")
+        11 variants in 70 s of a 90 s budget, its third best and below never tried with a queue delay. With no load given,
+        a padding backend's maxima above PADDED_FIRST come last, with the time left."""
+        grid = [p for p in coarse_grid(space) if p not in self.seen]
+        self.measure([p for p in grid if not padded_later(p, space)], "coarse")
         for _ in range(REFINE_ROUNDS):
             if not self._refine(self._to_refine(space)[:2], space):
                 break
         if self._refine(self._to_refine(space)[2:], space, interleave=False):  # time left: around every other variant, best first
             self._refine(self._to_refine(space)[:2], space)  # which may have made a new best two
+        if later := [p for p in grid if padded_later(p, space)]:  # a padding backend's large maxima, with the time left (PADDED_FIRST)
+            self.measure(later, "coarse")
+            self._refine(self._to_refine(space)[:2], space)
 
     def _to_refine(self, space: SearchSpace) -> list[ServedVariant]:
         """Measured variants in the order their refinements are tried: the objective's ranking; with no load given, by

@@ -145,7 +145,7 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         rules_delay = (batching_plan(decision, decision.peak, request.latency_budget_ms, request.percentile).max_queue_delay_microseconds
                        if first.max_batch_size == 1 and decision is not None and (decision.peak or 0) > 1 else None)
         space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside,
-                               rules_delay_us=rules_delay)
+                               rules_delay_us=rules_delay, pads=artifact.platform.pads_batch)
         if space.layout is not None:
             search.held_layout = HELD_LAYOUT
         deadline = time.monotonic() + request.budget_s
