@@ -587,19 +587,25 @@ def _fills_with_a_delay(point: OperatingPoint, c: int) -> LoadLevel:
     return LoadLevel(c, rate, lat * 0.6, lat * 0.9, lat, lat * 1.2, server_batch=float(formed))
 
 
+def _one_second_a_level(monkeypatch, server):
+    """A clock only measurements move (1 s a level) on a quiet machine, so a budget is a count of levels: `server` wrapped."""
+    now = [0.0]
+    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
+
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        now[0] += 1.0
+        return server(point, c)
+
+    return served
+
+
 def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_failing_only_at_the_light_load(monkeypatch, tmp_path: Path):
     """On a clock that only measurements move (1 s a level), a budget that leaves two refinements before the settling.
     Max 4 and 8 without a delay are worst at concurrency 4 (1000/s beside max 2's 1800/s), so both max-2 layouts rank
     above them; their fill delay is what lifts them to the best at every load, and it is tried first.
     Why: the bundled CNN under bursts had published max 2 at 0.76x of the quiet choice, max 4's 800 us delay untried."""
-    now = [0.0]
-    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
-
-    def served(point: OperatingPoint, c: int) -> LoadLevel:
-        now[0] += 1.0
-        return _fills_with_a_delay(point, c)
-
-    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
+    served = _one_second_a_level(monkeypatch, _fills_with_a_delay)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=45.0, baseline=0.0)
     assert "ran out" in stopped  # the budget bounds the search: which refinements it measured is the order's doing
     first = next(v for v in search.variants if v.stage == "refine")
@@ -642,15 +648,8 @@ def test_with_no_load_a_search_out_of_time_in_the_coarse_pass_measures_the_likel
     (max 8, a 200 us delay that does not fill a batch at concurrency 4) could serve the most, so its fill delay is
     measured with the time kept for settling, and published. Under bursts the bundled CNN's search had run out of
     time in the coarse pass and published max 2 at 0.75x of the quiet choice."""
-    now = [0.0]
-    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(search_module.SearchRun, "_settle_reserve", lambda self: 10.0)
-
-    def served(point: OperatingPoint, c: int) -> LoadLevel:
-        now[0] += 1.0
-        return _fills_with_a_delay(point, c)
-
-    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
+    served = _one_second_a_level(monkeypatch, _fills_with_a_delay)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=20.0, baseline=0.0)
     assert "ran out" in stopped
     order = [v.stage for v in search.variants]
@@ -674,14 +673,7 @@ def test_with_no_load_a_padding_backend_measures_its_large_maxima_after_refining
     """On a clock only measurements move (1 s a level) and a budget too short for every variant: a padding backend's
     coarse pass measures maxima up to 8 first, refines them, and only then tries 16 and 32, which pad the ladder's load of 4
     4-8x. The bundled transformer had spent 4 of 13 variants on 16 and 32 and published max 4 at 0.60x at its worst load."""
-    now = [0.0]
-    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
-
-    def served(point: OperatingPoint, c: int) -> LoadLevel:
-        now[0] += 1.0
-        return _padding_with_a_batching_gain(point, c)
-
-    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
+    served = _one_second_a_level(monkeypatch, _padding_with_a_batching_gain)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=32, budget_s=45.0,
                                    baseline=0.0, start_max=1, pads=pads)
     coarse = [v.point.max_batch_size for v in search.variants if v.stage == "coarse"]
