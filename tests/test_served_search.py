@@ -669,10 +669,10 @@ def _padding_with_a_batching_gain(point: OperatingPoint, c: int) -> LoadLevel:
 
 
 @pytest.mark.parametrize("pads", [True, False])
-def test_with_no_load_a_padding_backend_measures_its_large_maxima_after_refining_the_small_ones(monkeypatch, tmp_path: Path, pads):
+def test_with_no_load_a_padding_backend_measures_maxima_up_to_8_before_larger_ones(monkeypatch, tmp_path: Path, pads):
     """On a clock only measurements move (1 s a level) and a budget too short for every variant: a padding backend's
-    coarse pass measures maxima up to 8 first, refines them, and only then tries 16 and 32, which pad the ladder's load of 4
-    4-8x. The bundled transformer had spent 4 of 13 variants on 16 and 32 and published max 4 at 0.60x at its worst load."""
+    coarse pass measures maxima up to 8 first (16 and 32, which pad the ladder's load of 4 4-8x, wait for the time left
+    after the refinement; this budget ends before them) and publishes max 8. The bundled transformer had spent 4 of 13 variants on 16 and 32 and published max 4 at 0.60x at its worst load."""
     served = _one_second_a_level(monkeypatch, _padding_with_a_batching_gain)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=32, budget_s=45.0,
                                    baseline=0.0, start_max=1, pads=pads)

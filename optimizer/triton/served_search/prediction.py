@@ -69,5 +69,5 @@ def _first_latency(line: list[tuple[int, float]], single_request_ms: float | Non
         if single_request_ms and single_request_ms > 0:
             guess = max(guess, single_request_ms)
     else:  # one measured load: one request's cost, else the latency as measured
-        guess = min(single_request_ms, r0) if single_request_ms and single_request_ms > 0 else r0
+        guess = single_request_ms if single_request_ms and single_request_ms > 0 else r0
     return min(max(guess, r0 / c0), r0)

@@ -146,9 +146,14 @@ class SearchRun:
         order, ranked = self._to_refine(space), self.ranked()
         if not order or order[0].point == ranked[0].point:
             return
-        delay = fill_delay_us(order[0], space)
-        if delay is not None and replace(order[0].point, queue_delay_us=delay) not in self.seen:
-            self.measure([replace(order[0].point, queue_delay_us=delay)], "refine")
+        if (filled := self._pending_fill(order[0], space)) is not None:
+            self.measure([filled], "refine")
+
+    def _pending_fill(self, v: ServedVariant, space: SearchSpace) -> OperatingPoint | None:
+        """`v` with the queue delay that would fill its batches at the lightest load, when that is not measured yet."""
+        delay = fill_delay_us(v, space)
+        filled = replace(v.point, queue_delay_us=delay) if delay is not None else None
+        return filled if filled is not None and filled not in self.seen else None
 
     def _explore(self, space: SearchSpace) -> None:
         """What the coarse pass has not measured yet, then the refinement around the best two, again while a round
@@ -157,13 +162,14 @@ class SearchRun:
         11 variants in 70 s of a 90 s budget, its third best and below never tried with a queue delay. With no load given,
         a padding backend's maxima above PADDED_FIRST come last, with the time left."""
         grid = [p for p in coarse_grid(space) if p not in self.seen]
-        self.measure([p for p in grid if not padded_later(p, space)], "coarse")
+        later = [p for p in grid if padded_later(p, space)]  # a padding backend's large maxima, with the time left (PADDED_FIRST)
+        self.measure([p for p in grid if p not in later], "coarse")
         for _ in range(REFINE_ROUNDS):
             if not self._refine(self._to_refine(space)[:2], space):
                 break
         if self._refine(self._to_refine(space)[2:], space, interleave=False):  # time left: around every other variant, best first
             self._refine(self._to_refine(space)[:2], space)  # which may have made a new best two
-        if later := [p for p in grid if padded_later(p, space)]:  # a padding backend's large maxima, with the time left (PADDED_FIRST)
+        if later:
             self.measure(later, "coarse")
             self._refine(self._to_refine(space)[:2], space)
 
@@ -181,8 +187,7 @@ class SearchRun:
             return ranked
         curves = {}
         for v in ranked:
-            delay = fill_delay_us(v, space)
-            pending = delay is not None and replace(v.point, queue_delay_us=delay) not in self.seen
+            pending = self._pending_fill(v, space) is not None
             light = v.curve[0].concurrency if v.curve else 0
             curves[id(v)] = [lv for lv in v.curve if not self._disturbed(lv, SUSPECT) and not (pending and lv.concurrency == light)]
         ratios = robust_ratios({k: c for k, c in curves.items() if c})

@@ -142,8 +142,9 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
             first = _as_measured(search.start, decision)
             on_event(Event("serve", "progress", result.selected or "", BESIDE_LOAD.format(busy=share.others_busy, cores=len(share.available))))
         beside = share is not None and share.reduced
+        # the rules' delay at the in-process peak: SearchSpace.of keeps it for a start that cannot carry one (max 1)
         rules_delay = (batching_plan(decision, decision.peak, request.latency_budget_ms, request.percentile).max_queue_delay_microseconds
-                       if first.max_batch_size == 1 and decision is not None and (decision.peak or 0) > 1 else None)
+                       if decision is not None and (decision.peak or 0) > 1 else None)
         space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside,
                                rules_delay_us=rules_delay, pads=artifact.platform.pads_batch)
         if space.layout is not None:
