@@ -290,14 +290,16 @@ class _Loader:
         self.loaded: set[str] = set()
         self.configs: dict[str, str] = {}
         self.max_loaded = 0
+        self.loads: list[set[str]] = []  # the names of each load call, in order
 
     def load(self, configs: dict[str, str]) -> dict[str, str]:
+        self.loads.append(set(configs))
         self.configs.update(configs)
         self.loaded |= set(configs)
         self.max_loaded = max(self.max_loaded, len(self.loaded))
         return {}
 
-    def unload(self, names) -> None:
+    def unload(self, names, wait: bool = True) -> None:
         self.loaded -= set(names)
 
     def runtime(self, name: str) -> str:
@@ -368,10 +370,13 @@ def test_a_close_call_is_measured_again_interleaved_and_the_faster_kept(monkeypa
         tp = 520.0 if lucky and not settling else (475.0 if lucky else base)
         return level(c, min(tp, 60.0 * c))
 
-    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path, concurrency=32))
+    run, search, loader, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path, concurrency=32))
     settle = [v for v in search.variants if v.stage == "settle"]
     assert len(settle) == 2 and "A B B A" in search.settled
     assert run.best.point == OperatingPoint(16, (), 0, 2, 1)
+    # the kept one answers its lone request still loaded from the settling (no load of its own), then nothing is left
+    assert calls[-1] == (run.best.point, 1) and any(v.stage == "base" for v in search.variants)
+    assert len(loader.loads[-1]) == 2 and not loader.loaded
 
 
 def _burst_watch(burst: dict, cores: float = 1.0) -> type:

@@ -1,9 +1,10 @@
 """One served search's run: the order of its stages, loading and measuring variants a group at a time, the best so far.
 
 The stages (points.py says which points): the rules' start, the coarse pass, the refinement of the best two (then, with
-time left, of the others), a close call settled by interleaved re-measurement (A B B A), and the published variant at
-one request at a time (the anchor of validate's prediction). The budget is a bound: a group that would not finish in it
-is not started.
+time left, of the others that could still win), a close call settled by interleaved re-measurement (A B B A), and the
+published variant at one request at a time (the anchor of validate's prediction), measured while the settling still has
+it loaded. The budget is a bound: a group that would not finish in it is not started. A group's unloading overlaps the
+next group's loading (VariantLoader.unload), never a measurement.
 
 Over 400 lines because every stage reads and updates one state (what was measured, the best, the time left, the
 private names), which the tests drive through this module against a made-up server.
@@ -100,6 +101,7 @@ class SearchRun:
         self.explore_deadline = deadline  # the coarse pass and the refinement stop here, leaving the settling its time
         self.baseline = baseline  # others' load (cores) the probe saw as the search began; None: not watched (the user's server)
         self.retried_s = 0.0  # waiting for others' load to fall and measuring again (_level)
+        self.parked: dict[OperatingPoint, str] = {}  # settled variants still loaded, by point (_remeasure)
 
     # -- the order ---------------------------------------------------------------------------------------------------
     def explore(self, space: SearchSpace) -> str:
@@ -316,7 +318,7 @@ class SearchRun:
                     self._sweep(name, v)
                 self._record(v, self.retried_s - retried)
         finally:
-            self._unload(list(variants))
+            self._unload(list(variants), wait=False)
         return list(variants.values())
 
     def _load(self, configs: dict[str, str]) -> dict[str, str]:
@@ -331,11 +333,13 @@ class SearchRun:
         errors.update(self.loader.load(fronts, files={f"1/{VERSION_MARKER}": VERSION_MARKER_TEXT}) if fronts else {})
         return errors
 
-    def _unload(self, names: list[str]) -> None:
-        """Unload variants (an ensemble before the model it serves)."""
-        self.loader.unload(names)
+    def _unload(self, names: list[str], wait: bool = True) -> None:
+        """Unload variants (an ensemble before the model it serves); `wait` False leaves waiting for the model to the next
+        load (VariantLoader.unload: the two overlap)."""
         if self.fronted:
-            self.loader.unload([inner_name(n) for n in names])
+            self.loader.unload(names)
+            names = [inner_name(n) for n in names]
+        self.loader.unload(names, wait=wait)
 
     def _wrong_answers(self, name: str) -> str:
         """Before any variant counts: "" when the server answers the export's samples within its tolerances (answers.py)."""
@@ -469,6 +473,7 @@ class SearchRun:
             self.search.variants.append(again)
             if n == winner:
                 self.best = again
+        self._keep(self.best.point)
         self.search.settled = (f"{a.point.label} and {b.point.label} served within {100 * (1 - min(ratio, 1 / ratio)):.1f}% of each other, "
                                f"measured A B B A at concurrency {level}: {names[winner].point.label} kept")
 
@@ -496,13 +501,15 @@ class SearchRun:
         # the winner is one of the two: a third measured once would otherwise win by the luck the settling took out of
         # these two (the bundled CNN published its start, 0.88x at its worst load, after its two best were measured again)
         self.best = next(v for v in self.ranked() if v.point in (a.point, b.point))
+        self._keep(self.best.point)
         worst = {v.point: self.robust[v.point][0] for v in names.values()}
         self.search.settled = (f"{a.point.label} (worst {worst[a.point]:.2f}x the best) and {b.point.label} (worst {worst[b.point]:.2f}x) "
                                f"measured again A B B A at concurrency {', '.join(map(str, loads))}: {self.best.point.label} kept")
 
     def _remeasure(self, pair: list[ServedVariant], loads: list[int], window_ms: int) -> list[dict[int, list[LoadLevel]]] | None:
         """Load two variants side by side under new names and measure each SETTLE_ROUNDS times at every load, in A B B A
-        order; per variant, its measurements per load. None when either does not load or a measurement fails."""
+        order; per variant, its measurements per load. None when either does not load or a measurement fails. Both stay
+        loaded (`parked`) for the published one's lone request (base); the other goes when the choice is made (_keep)."""
         names = [self._next_name() for _ in pair]
         if self._load({n: self._config(v.point) for n, v in zip(names, pair)}):
             self._unload(names)
@@ -516,31 +523,48 @@ class SearchRun:
                     for c in loads:
                         levels[n][c].append(self._level(n, c, window_ms))
         except ValidationError:
+            self._unload(names, wait=False)
             return None
-        finally:
-            self._unload(names)
+        self.parked = {v.point: n for n, v in zip(names, pair)}
         return [levels[n] for n in names]
+
+    def _keep(self, point: OperatingPoint | None) -> None:
+        """Unload the parked variants but the one at `point` (None: all of them)."""
+        gone = [n for p, n in self.parked.items() if p != point]
+        self.parked = {p: n for p, n in self.parked.items() if p == point}
+        self._unload(gone, wait=False)
 
     def base(self) -> None:
         """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
-        of validate's prediction for loads below the ones the search measured (prediction.py)."""
+        of validate's prediction for loads below the ones the search measured (prediction.py). A settled choice is still
+        loaded (parked): measured there, without a load of its own (1.5 s of the CNN's 4.7 s base)."""
         best = self.best
-        if best is None or best.level(1) is not None or not self._variant_cost() or time.monotonic() + self._variant_cost() > self.deadline:
-            return
-        name = self._next_name()
-        if self._load({name: self._config(best.point)}):
-            self._unload([name])
-            return
         try:
-            warm_up(self.bench, name, 1, WARMUP_PER_SLOT)
-            one = self._level(name, 1, self.bench.window_ms)
-        except ValidationError:
-            return
+            if best is None or best.level(1) is not None:
+                return
+            name = self.parked.get(best.point)
+            cost = self._level_cost() if name else self._variant_cost()
+            if not cost or time.monotonic() + cost > self.deadline:
+                return
+            if name is None:
+                name = self._next_name()
+                self.parked[best.point] = name
+                if self._load({name: self._config(best.point)}):
+                    return
+            try:
+                warm_up(self.bench, name, 1, WARMUP_PER_SLOT)
+                one = self._level(name, 1, self.bench.window_ms)
+            except ValidationError:
+                return
         finally:
-            self._unload([name])
+            self._keep(None)
         base = ServedVariant(best.point, "base", curve=[one], reason="one request at a time: the anchor of validate's prediction below the loads the sweep measured")
         base.score_at(one)
         self.search.variants.append(base)
+
+    def _level_cost(self) -> float:
+        """Seconds one level of a loaded variant takes at the search's window (three stable windows, perf_analyzer's exit)."""
+        return STABLE_WINDOWS * self.bench.window_ms / 1000.0 + EXIT_S + 1.0
 
     # -- helpers -------------------------------------------------------------------------------------------------------------
     def _config(self, point: OperatingPoint) -> str:
