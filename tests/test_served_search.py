@@ -358,6 +358,29 @@ def test_the_search_covers_the_grid_and_publishes_the_best_point_it_measured(mon
     assert any(v.stage == "base" and v.concurrency == 1 for v in search.variants)  # the anchor of validate's prediction
 
 
+@pytest.mark.parametrize("filled", [True, False])
+def test_with_time_left_a_variant_no_refinement_could_lift_to_the_best_is_not_refined(monkeypatch, tmp_path: Path, filled):
+    """At the load, two instances serve 0.55x one with two threads: with batches that filled, no refinement can lift them to
+    the best and none is measured; where their batches did not fill, a fill delay could (it doubled a variant here) and
+    theirs is measured."""
+
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        rate = 330.0 if point.instances == 2 else 600.0 * (1.01 if point.queue_delay_us else 1.0)
+        formed = min(point.max_batch_size, c // point.instances) if filled or point.instances == 1 else 1
+        lat = 1000.0 * c / rate
+        return LoadLevel(c, rate, lat * 0.6, lat * 0.9, lat, lat * 1.2, server_batch=float(formed))
+
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path, concurrency=16))
+    assert "every variant" in stopped and run.best.point.instances == 1
+    refined = [v.point for v in search.variants if v.stage == "refine"]
+    assert any(p.instances == 1 for p in refined)
+    two = [p for p in refined if p.instances == 2]
+    if filled:
+        assert not two
+    else:  # only the likeliest lift, the fill delay, of each unfilled variant
+        assert two and all(p.queue_delay_us > 200 for p in two)
+
+
 def test_a_close_call_is_measured_again_interleaved_and_the_faster_kept(monkeypatch, tmp_path: Path):
     calls: list[tuple[OperatingPoint, int]] = []
 
@@ -569,16 +592,21 @@ def test_with_no_load_a_variant_out_of_the_running_stops_climbing_the_ladder(mon
     assert run.best.point.instances == 1
 
 
-def test_time_left_after_the_best_two_are_refined_goes_to_the_others(monkeypatch, tmp_path: Path):
+def test_time_left_after_the_best_two_goes_to_the_others_that_could_still_win(monkeypatch, tmp_path: Path):
     """A small space (the largest fit 8: maxima 2, 4, 8 x two layouts) runs out of refinements around the best two long
-    before the budget: the other variants are refined too, so the search covers at least 12 variants."""
+    before the budget: the third best (0.71x the best at its worst load) is refined too; maxima 2 (0.43x at best) and max
+    4 on one instance (0.60x), which no refinement is taken to lift 1.5x (REFINE_LIFT), are not."""
     run, search, _, stopped = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), decision_largest=8)
     measured = [v for v in search.variants if v.status == "measured" and v.stage in ("start", "coarse", "refine")]
-    assert len({v.point for v in measured}) >= 12 and "every variant" in stopped
+    assert "every variant" in stopped
     coarse = sorted((v for v in measured if v.stage == "coarse"), key=lambda v: -run.robust[v.point][0])
     third = coarse[2].point
-    assert any(v.stage == "refine" and (v.point.instances, v.point.threads) == (third.instances, third.threads)
-               and v.point.max_batch_size == third.max_batch_size for v in measured)  # refined around the third best
+    assert (third.max_batch_size, third.instances) == (4, 2) and run.robust[third][0] * search_module.REFINE_LIFT >= 1.0
+    refined = [v.point for v in measured if v.stage == "refine"]
+    assert any((p.max_batch_size, p.instances, p.threads) == (4, third.instances, third.threads) for p in refined)  # around the third best
+    out = [v.point for v in coarse[3:]]
+    assert out and all(run.robust[p][0] * search_module.REFINE_LIFT < 1.0 for p in out)
+    assert not any((p.max_batch_size, p.instances, p.threads) == (o.max_batch_size, o.instances, o.threads) for p in refined for o in out)
     assert run.best.point in {v.point for v in measured}
 
 
@@ -909,3 +937,18 @@ def test_validate_says_when_its_sweep_crosses_protocols_with_the_search(tmp_path
         assert record.predictions and record.repeatability
         notes[protocol] = [n for n in record.notes if "measured over grpc and this sweep over http" in n]
     assert notes["http"] and not notes["grpc"]
+
+
+def test_a_fill_delay_near_one_measured_for_the_same_config_is_not_measured_again():
+    """Each variant proposes a quarter of its own p50 as its fill delay (2700, 2800, 3000 us for one config): within
+    SAME_DELAY of a measured one it is that variant, measured already."""
+    point = OperatingPoint(4, (), 0, 1, 2)
+    slow = ServedVariant(point, "coarse", curve=[LoadLevel(4, 500.0, 11.2, 12.0, 12.5, 13.0, server_batch=1.0)])
+    fill = fill_delay_us(slow, space(peak=4, largest_fit=8, rules_delay_us=130))
+    assert fill == 2800
+    assert replace(point, queue_delay_us=2800) in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130), {point}, fill)
+    measured = {point, replace(point, queue_delay_us=3000)}
+    assert all(p.queue_delay_us not in (2800, 3000) for p in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130), measured, fill))
+    # another config's delay, or a delay clearly apart, is not the same variant
+    assert replace(point, queue_delay_us=2800) in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130),
+                                                              {point, replace(point, queue_delay_us=3000, instances=2), replace(point, queue_delay_us=1800)}, fill)

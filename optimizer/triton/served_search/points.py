@@ -35,6 +35,10 @@ MAX_SEED_CONCURRENCY = 64
 FILL_DELAY_SHARE = 0.25
 """A fill delay is this share of a request's median latency at the lightest load: about the time a client's next request
 takes to come back round (client, network and the server's request handling), small beside the batch it fills."""
+SAME_DELAY = 0.25
+"""Queue delays within this share of each other are one variant for the refinement: a fill delay is a share of the p50
+a variant measured, so each of the bundled CNN's max 4 variants proposed its own (2700, 2800 and 3000 us), and three of
+its 14 variants measured one config again."""
 FILL_DELAY_MAX_US = 5000
 PADDED_FIRST = 2 * LADDER_START
 """With no load given, a backend that pads (openvino) has its maxima up to this measured (and refined) before larger ones:
@@ -175,7 +179,7 @@ def refinements(best: OperatingPoint, space: SearchSpace, measured: set[Operatin
     if space.batching and best.max_batch_size > 1:
         preferred = _reachable(space.peak, space)
         delay = space.rules_delay_us
-        if fill_delay:
+        if fill_delay and not delay_tried(replace(best, queue_delay_us=fill_delay), measured):
             fill.append(replace(best, queue_delay_us=fill_delay))
         if delay:
             tuning.append(replace(best, queue_delay_us=delay))
@@ -202,15 +206,23 @@ def fill_delay_us(v: ServedVariant, space: SearchSpace) -> int | None:
     either way. None when the batches already filled, or when the delay would not be longer than the variant's.
 
     Why: the bundled transformer's best at concurrency 4 was max 4 with a 1000 us delay, and the rules' 40 us never
-    let the four clients' requests meet."""
+    let the four clients' requests meet. A batch can hold only the requests the other instances are not executing: the
+    CNN's max 16 and 32 on two instances formed 6.4 and 7.2 at concurrency 16, never more than 16 / 2."""
     if not space.batching or v.point.max_batch_size <= 1 or not v.curve:
         return None
     light = v.curve[0]
-    could = min(v.point.max_batch_size, light.concurrency)
+    could = min(v.point.max_batch_size, -(-light.concurrency // v.point.instances))  # c in flight share the instances
     if light.server_batch is None or could <= 1 or light.server_batch >= 0.9 * could:
         return None
     delay = min(FILL_DELAY_MAX_US, max(100, 2 * space.rules_delay_us, int(round(light.p50_ms * 1000 * FILL_DELAY_SHARE, -2))))
     return delay if delay > v.point.queue_delay_us else None
+
+
+def delay_tried(point: OperatingPoint, measured: set[OperatingPoint]) -> bool:
+    """Whether `point`, or the same config with a queue delay within SAME_DELAY of its own, was measured."""
+    d = point.queue_delay_us
+    return point in measured or bool(d) and any(
+        m.queue_delay_us and abs(m.queue_delay_us - d) <= SAME_DELAY * d and replace(m, queue_delay_us=d) == point for m in measured)
 
 
 def _reachable(size: int, space: SearchSpace) -> int:

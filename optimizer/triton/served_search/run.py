@@ -29,8 +29,8 @@ from optimizer.triton.served_search.answers import wrong_answers
 from optimizer.triton.served_search.loader import VariantLoader, private_name, server_gone
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, mean_level, measure_level, settle_level, sweep, warm_up
 from optimizer.triton.served_search.objective import OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW, robust_ratios, worst_so_far
-from optimizer.triton.served_search.points import (LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, fill_delay_us, latency_at,
-                                                   padded_later, refinements, seed_concurrency)
+from optimizer.triton.served_search.points import (LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, delay_tried, fill_delay_us,
+                                                   latency_at, padded_later, refinements, seed_concurrency)
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.servers import locally
 
@@ -70,6 +70,12 @@ repeats on max 16 and 32 at concurrency 4 (110-250/s beside a best of 1200/s the
 (max 4 with a queue delay, 1.5x the rest at that load on the quiet machine) then stood at its disturbed figure, lost,
 and the published config served 0.70x of the quiet choice (benchmarks/noisy_choice.py; with this rule the CNN still
 gave 0.76x under bursts, for the refinement's order: SearchRun._to_refine, SUSPECT)."""
+FILL_LIFT = 2.0
+REFINE_LIFT = 1.5
+"""The most a refinement is taken to lift a variant, with the time left (SearchRun._within_reach): a fill delay lifted
+the bundled transformer's max 4 on 2 x 1 thread 1.96x at concurrency 4 (498/s -> 978/s); the rules' delay, a preferred
+size or a max between two measured ones moved a variant by 1.08x at most in this machine's CNN and transformer searches,
+so REFINE_LIFT leaves a margin."""
 SUSPECT = DISTURBED / 2
 """Others' load above the baseline that makes a level a lower bound for the order of the refinement (not for repeats or
 the published choice, which keep DISTURBED): a burst gets only its share of cores the server and perf_analyzer already
@@ -155,13 +161,14 @@ class SearchRun:
         """`v` with the queue delay that would fill its batches at the lightest load, when that is not measured yet."""
         delay = fill_delay_us(v, space)
         filled = replace(v.point, queue_delay_us=delay) if delay is not None else None
-        return filled if filled is not None and filled not in self.seen else None
+        return filled if filled is not None and not delay_tried(filled, set(self.seen)) else None
 
     def _explore(self, space: SearchSpace) -> None:
         """What the coarse pass has not measured yet, then the refinement around the best two, again while a round
-        replaced them (REFINE_ROUNDS at most), then with time left around every other variant, best first. Why the last:
-        the bundled CNN's largest fit of 8 leaves a coarse pass of 3 maxima x 2 layouts, and its search had ended after
-        11 variants in 70 s of a 90 s budget, its third best and below never tried with a queue delay. With no load given,
+        replaced them (REFINE_ROUNDS at most), then with time left around every other variant that could still win, best
+        first (_time_left). Why the last: the bundled CNN's largest fit of 8 leaves a coarse pass of 3 maxima x 2 layouts,
+        and its search had ended after 11 variants in 70 s of a 90 s budget, its third best and below never tried with a
+        queue delay. With no load given,
         a padding backend's maxima above PADDED_FIRST come last, with the time left."""
         grid = [p for p in coarse_grid(space) if p not in self.seen]
         later = [p for p in grid if padded_later(p, space)]  # a padding backend's large maxima, with the time left (PADDED_FIRST)
@@ -169,7 +176,8 @@ class SearchRun:
         for _ in range(REFINE_ROUNDS):
             if not self._refine(self._to_refine(space)[:2], space):
                 break
-        if self._refine(self._to_refine(space)[2:], space, interleave=False):  # time left: around every other variant, best first
+        if rest := self._time_left(space):  # time left: around every other variant that could still win
+            self.measure(rest, "refine")
             self._refine(self._to_refine(space)[:2], space)  # which may have made a new best two
         if later:
             self.measure(later, "coarse")
@@ -187,19 +195,47 @@ class SearchRun:
         ranked = self.ranked()
         if self.objective.kind != "max-throughput":
             return ranked
+        ratios = self._refine_ratios(space)
+        return sorted(ranked, key=lambda v: -ratios.get(id(v), (0.0, 0))[0])  # stable: the objective's order breaks ties
+
+    def _refine_ratios(self, space: SearchSpace) -> dict[int, tuple[float, int]]:
+        """No load given: each measured variant's worst ratio to the best (by id), from the levels that rank it for the
+        refinement (_to_refine)."""
         curves = {}
-        for v in ranked:
+        for v in self.ranked():
             pending = self._pending_fill(v, space) is not None
             light = v.curve[0].concurrency if v.curve else 0
             curves[id(v)] = [lv for lv in v.curve if not self._disturbed(lv, SUSPECT) and not (pending and lv.concurrency == light)]
-        ratios = robust_ratios({k: c for k, c in curves.items() if c})
-        return sorted(ranked, key=lambda v: -ratios.get(id(v), (0.0, 0))[0])  # stable: the objective's order breaks ties
+        return robust_ratios({k: c for k, c in curves.items() if c})
 
-    def _refine(self, top: list[ServedVariant], space: SearchSpace, interleave: bool = True) -> bool:
-        """Measure the refinements around `top`, interleaved (the first's likeliest, the second's, ...) or one variant's
-        after another's; False if none is left."""
+    def _time_left(self, space: SearchSpace) -> list[OperatingPoint]:
+        """With time left after the best two, the refinements of every other variant that could still win, best first:
+        all of them where its score times REFINE_LIFT reaches the leader's, only its fill delay where only FILL_LIFT does
+        (a delay that fills its batches, once measured, is a variant of its own and refined if it comes within reach).
+        The score: the throughput at the load; with no load given, the worst ratio to the best, a pending fill delay's
+        light load set aside (_refine_ratios). With a latency budget, every variant (a refinement can bring one under it).
+        Why: with --concurrency 16 the bundled CNN's search spent 4 of its 17 variants refining 2 x 1-thread variants that
+        served 0.55-0.59x the best, and none of them came above 0.56x."""
+        rest = self._to_refine(space)[2:]
+        if self.objective.kind == "max-throughput":
+            ratios = self._refine_ratios(space)
+            score = {v.point: ratios.get(id(v), (0.0, 0))[0] for v in self.seen.values()}
+        else:
+            score = {v.point: v.throughput or 0.0 for v in self.seen.values() if v.status == "measured"}
+        lead = max(score.values(), default=0.0)
+        todo: list[OperatingPoint] = []
+        for v in rest:
+            reach = score.get(v.point, 0.0)
+            if self.objective.latency_budget_ms is not None or reach * REFINE_LIFT >= lead:
+                todo += refinements(v.point, space, set(self.seen), fill_delay_us(v, space))
+            elif self.objective.kind != "max-throughput" and reach * FILL_LIFT >= lead and (filled := self._pending_fill(v, space)):
+                todo.append(filled)
+        return [p for p in dict.fromkeys(todo) if p not in self.seen]
+
+    def _refine(self, top: list[ServedVariant], space: SearchSpace) -> bool:
+        """Measure the refinements around `top`, interleaved (the first's likeliest, the second's, ...); False if none is left."""
         each = [refinements(v.point, space, set(self.seen), fill_delay_us(v, space)) for v in top]
-        todo = [p for rank in (zip_longest(*each) if interleave else each) for p in rank if p is not None]
+        todo = [p for rank in zip_longest(*each) for p in rank if p is not None]
         if todo:
             self.measure(todo, "refine")
         return bool(todo)
