@@ -105,6 +105,15 @@ def test_the_sentences_name_the_load_the_backend_the_choice_and_the_prediction()
     assert "Close call: A and B served within 2.0%" in settled
 
 
+def test_the_count_is_of_configs_and_says_apart_how_many_were_measured_again():
+    doc = _search()
+    settle = ServedVariant(BIG, "settle", curve=[LoadLevel(8, 600.0, 17.0, 17.0, 17.0, 17.0)], seconds=0.0)
+    base = ServedVariant(BIG, "base", curve=[LoadLevel(1, 100.0, 9.0, 9.0, 9.0, 9.0)], seconds=0.0)
+    doc["variants"] += [settle.to_json(), base.to_json(), json.loads(json.dumps(_measured(WIDE, "refine", [(4, 300.0, 9.0)]).to_json()))]
+    text = served_search_section(doc).split("\n\n")[1]
+    assert "4 variants (+2 measured again) in 16 s" in text  # WIDE measured twice in the pass is one config
+
+
 def test_every_served_number_is_labelled_stand_in_or_native():
     stand_in = served_search_section(_search(stand_in=True))
     assert "Served by the stand-in backend" in stand_in and "not the native backend's" in stand_in

@@ -178,6 +178,18 @@ class ServedSearch:
         at one request at a time only anchors validate's prediction)."""
         return next((v for v in reversed(self.variants) if v.point == self.chosen and v.status == "measured" and v.stage != "base"), None)
 
+    def counts(self) -> tuple[int, int]:
+        """(distinct configs the search tried, measurements of one of them again: a close call's settling, the lone
+        request of validate's anchor). Why apart: "14 variants" had counted the settling's and the anchor's rows as
+        configs of their own."""
+        again = {"settle", "base"}
+        return len({v.point for v in self.variants if v.stage not in again}), sum(v.stage in again for v in self.variants)
+
+    def count_text(self) -> str:
+        """'11 variants' or '11 variants (+3 measured again)'."""
+        tried, again = self.counts()
+        return f"{tried} variant{'s' if tried != 1 else ''}" + (f" (+{again} measured again)" if again else "")
+
     @property
     def beside_load(self) -> bool:
         """Whether other processes kept cores busy as the search began: every variant ran on every core beside that load."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.records.served_search import point_label
+from optimizer.records.served_search import ServedSearch, point_label
 from optimizer.report.markdown_tables import cell as _cell
 from optimizer.report.markdown_tables import ms as _ms
 from optimizer.report.markdown_tables import table as _table
@@ -61,7 +61,7 @@ def _story(search: dict[str, Any]) -> str:
     where += f", on {_cell(search['request_mix'])}." if search.get("request_mix") else "."
     served = f" Served by the {_cell(search.get('served_by') or f'{kind} backend')}"
     served += "; every served number here is the stand-in's, not the native backend's." if search.get("stand_in") else " (native)."
-    length = f" {len(variants)} variants in {float(search.get('seconds') or 0.0):.0f} s (budget {float(search.get('budget_s') or 0.0):g} s)"
+    length = f" {ServedSearch.from_json(search).count_text()} in {float(search.get('seconds') or 0.0):.0f} s (budget {float(search.get('budget_s') or 0.0):g} s)"
     length += f"; stopped: {_cell(search['stopped'])}." if search.get("stopped") else "."
     if search.get("cached_from"):
         length += (f" Reused from the search measured {_cell(search['cached_from'])} (an identical earlier run: same artifact, load, "

@@ -245,4 +245,4 @@ def _summary(search: ServedSearch) -> str:
     where = " beside other processes' load" if search.beside_load else ""
     return (f"{chosen.point.label}: {chosen.throughput:.1f}/s p{search.percentile} {latency_at(chosen, search.percentile):.1f} ms at concurrency "
             f"{chosen.concurrency}{where} (rules: {start.throughput:.1f}/s at concurrency {start.concurrency}; "
-            f"{len(search.variants)} variants, {search.stopped})")
+            f"{search.count_text()}, {search.stopped})")
