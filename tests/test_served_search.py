@@ -127,17 +127,22 @@ def test_refinement_tries_the_rules_delay_and_preferred_size_and_a_max_between_m
 
 def test_a_fill_delay_is_tried_only_where_the_lightest_load_left_batches_unfilled():
     """A backend that pads to max_batch_size wants the light load's requests to meet: a delay about a quarter of their
-    latency, bounded; never where the batches already filled, and never for a variant that cannot batch."""
-    point = OperatingPoint(4, (), 0, 1, 2)
+    latency where that load cannot fill the max (each batch waits it out), three quarters where it can (it costs nothing
+    while batches fill, and outlasts one execution when the clients split in two groups), bounded; never where the
+    batches already filled, and never for a variant that cannot batch."""
+    point = OperatingPoint(8, (), 0, 1, 2)
 
     def measured(batch: float | None, p50: float = 4.0, at: int = 4) -> ServedVariant:
         return ServedVariant(point, "coarse", curve=[LoadLevel(at, 500.0, p50, p50, p50, p50, batch), LoadLevel(16, 900.0, 9, 9, 9, 9, 4.0)])
 
-    assert fill_delay_us(measured(1.9), space()) == 1000  # 4 ms at the lightest load: 1000 us
-    assert OperatingPoint(4, (), 1000, 1, 2) in refinements(point, space(), set(), fill_delay_us(measured(1.9), space()))
+    assert fill_delay_us(measured(1.9), space()) == 1000  # 4 ms at the lightest load, 4 in flight for max 8: 1000 us
+    assert OperatingPoint(8, (), 1000, 1, 2) in refinements(point, space(), set(), fill_delay_us(measured(1.9), space()))
+    assert fill_delay_us(measured(1.9, at=8), space()) == 3000  # 8 in flight can fill max 8: three quarters of 4 ms
+    assert fill_delay_us(replace(measured(1.9, at=16), point=replace(point, instances=2)), space()) == 3000  # 8 an instance
+    assert fill_delay_us(replace(measured(1.9, at=8), point=replace(point, instances=2)), space()) == 1000  # 4 an instance
     assert fill_delay_us(measured(3.8), space()) is None  # the batch already filled
     assert fill_delay_us(measured(1.0, at=1), space()) is None  # one request at a time can form nothing larger
-    assert fill_delay_us(measured(1.2, p50=400.0), space()) == 5000  # bounded
+    assert fill_delay_us(measured(1.2, p50=400.0), space()) == 20000  # bounded
     assert fill_delay_us(measured(1.2, p50=0.1), space()) == 400  # never shorter than twice the rules' delay (200 us here)
     assert fill_delay_us(measured(None), space()) is None  # no batch figure: nothing to go on
     assert fill_delay_us(replace(measured(1.5), point=OperatingPoint(1, (), 0, 1, 2)), space()) is None
@@ -940,15 +945,15 @@ def test_validate_says_when_its_sweep_crosses_protocols_with_the_search(tmp_path
 
 
 def test_a_fill_delay_near_one_measured_for_the_same_config_is_not_measured_again():
-    """Each variant proposes a quarter of its own p50 as its fill delay (2700, 2800, 3000 us for one config): within
+    """Each variant proposes a share of its own p50 as its fill delay (2700, 2800, 3000 us for one config here): within
     SAME_DELAY of a measured one it is that variant, measured already."""
     point = OperatingPoint(4, (), 0, 1, 2)
     slow = ServedVariant(point, "coarse", curve=[LoadLevel(4, 500.0, 11.2, 12.0, 12.5, 13.0, server_batch=1.0)])
     fill = fill_delay_us(slow, space(peak=4, largest_fit=8, rules_delay_us=130))
-    assert fill == 2800
-    assert replace(point, queue_delay_us=2800) in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130), {point}, fill)
-    measured = {point, replace(point, queue_delay_us=3000)}
-    assert all(p.queue_delay_us not in (2800, 3000) for p in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130), measured, fill))
+    assert fill == 8400  # concurrency 4 can fill max 4: three quarters of 11.2 ms
+    assert replace(point, queue_delay_us=8400) in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130), {point}, fill)
+    measured = {point, replace(point, queue_delay_us=9000)}
+    assert all(p.queue_delay_us not in (8400, 9000) for p in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130), measured, fill))
     # another config's delay, or a delay clearly apart, is not the same variant
-    assert replace(point, queue_delay_us=2800) in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130),
-                                                              {point, replace(point, queue_delay_us=3000, instances=2), replace(point, queue_delay_us=1800)}, fill)
+    assert replace(point, queue_delay_us=8400) in refinements(point, space(peak=4, largest_fit=8, rules_delay_us=130),
+                                                              {point, replace(point, queue_delay_us=9000, instances=2), replace(point, queue_delay_us=5400)}, fill)

@@ -34,12 +34,21 @@ COARSE_SIZES = 4
 MAX_SEED_CONCURRENCY = 64
 FILL_DELAY_SHARE = 0.25
 """A fill delay is this share of a request's median latency at the lightest load: about the time a client's next request
-takes to come back round (client, network and the server's request handling), small beside the batch it fills."""
+takes to come back round (client, network and the server's request handling), small beside the batch it fills, where
+that load cannot fill the max (every batch then waits it out)."""
+FILL_FULL_SHARE = 0.75
+"""Where the lightest load can fill the max, the fill delay is this share of its median latency: a batch leaves as soon
+as it is full, so the delay costs nothing while the clients stay together, and lasting one execution of a full batch it
+lets them come together again when they fall into two groups (each group waits for the other's execution, then its own:
+half such a load's p50 is one execution). With 3000 us (a quarter) the bundled CNN's max 4 at concurrency 4 split into
+batches of 2 in 1 of 6 runs and in 1 of 4 grid rounds (321/s and 364/s against 590-670/s: each batch of 2 padded to
+4); with 6000-9000 us in none of 16 runs, and at concurrency 16 it served as much (672/s against 634/s, four rounds
+interleaved)."""
 SAME_DELAY = 0.25
 """Queue delays within this share of each other are one variant for the refinement: a fill delay is a share of the p50
 a variant measured, so each of the bundled CNN's max 4 variants proposed its own (2700, 2800 and 3000 us), and three of
 its 14 variants measured one config again."""
-FILL_DELAY_MAX_US = 5000
+FILL_DELAY_MAX_US = 20000
 PADDED_FIRST = 2 * LADDER_START
 """With no load given, a backend that pads (openvino) has its maxima up to this measured (and refined) before larger ones:
 at the ladder's first load of 4 a max of 16 computes 16 rows for 4 requests, so it cannot hold up at every load. On the
@@ -214,7 +223,8 @@ def fill_delay_us(v: ServedVariant, space: SearchSpace) -> int | None:
     could = min(v.point.max_batch_size, -(-light.concurrency // v.point.instances))  # c in flight share the instances
     if light.server_batch is None or could <= 1 or light.server_batch >= 0.9 * could:
         return None
-    delay = min(FILL_DELAY_MAX_US, max(100, 2 * space.rules_delay_us, int(round(light.p50_ms * 1000 * FILL_DELAY_SHARE, -2))))
+    share = FILL_FULL_SHARE if could == v.point.max_batch_size else FILL_DELAY_SHARE
+    delay = min(FILL_DELAY_MAX_US, max(100, 2 * space.rules_delay_us, int(round(light.p50_ms * 1000 * share, -2))))
     return delay if delay > v.point.queue_delay_us else None
 
 
