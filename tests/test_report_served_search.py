@@ -208,3 +208,13 @@ def test_a_search_beside_another_job_says_so_and_publishes_what_it_measured():
     assert "Other processes kept 1.0 of 2 cores busy" in md and "ran on every core beside them" in md and "published as measured" in md
     assert f"**{measured.label}** (published)" in md and "243.1" in md
     assert served_search_figure(doc) is not None
+
+
+def test_a_published_queue_delay_says_what_one_request_at_a_time_pays():
+    delayed = OperatingPoint(4, (), 9200, 1, 2)
+    doc = _search(chosen=delayed.to_json())
+    base = ServedVariant(delayed, "base", curve=[LoadLevel(1, 64.9, 14.92, 15.7, 18.01, 19.0)], seconds=0.0)
+    doc["variants"].append(json.loads(json.dumps(base.to_json())))
+    text = served_search_section(doc).split("\n\n")[1]
+    assert "One request at a time waits the 9200 us queue delay for a batch that cannot fill: 64.9 infer/s, p95 18.01 ms (stand-in)" in text
+    assert "queue delay for a batch" not in served_search_section(_search()).split("\n\n")[1]  # no delay published, nothing to say

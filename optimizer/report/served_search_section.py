@@ -87,6 +87,7 @@ def _story(search: dict[str, Any]) -> str:
     if search.get("per_request_ms") is not None:
         prediction.append(f"the server's own cost {float(search['per_request_ms']):.3f} ms per request ({kind})")
     third = f" Prediction: {', '.join(prediction)}." if prediction else ""
+    third += _lone_request(search, variants, pct, kind)
     share = search.get("measured_on")
     if share and len(share.get("cores") or []) < len(share.get("available") or []):
         waited = f" after waiting {float(search['waited_s']):g} s for them (--wait-for-cores)" if search.get("waited_s") else ""
@@ -100,6 +101,21 @@ def _story(search: dict[str, Any]) -> str:
         third += (f" Other processes' load rose while {search['remeasured']} measurement(s) ran; each was taken again once it fell "
                   f"back{extra}, and the least disturbed one counts (report.json keeps others' load, in cores, beside each measurement).")
     return f"{first} {second}{third}"
+
+
+def _lone_request(search: dict[str, Any], variants: list[dict[str, Any]], pct: int, kind: str) -> str:
+    """What one request at a time pays when the published config has a queue delay: the batcher holds it the whole delay
+    for a batch that cannot fill, a cost the loads the choice was made at never show (with no load given they start at
+    4). Why: the bundled CNN's max 4 with a 9200 us delay served 65/s one request at a time, p50 14.9 ms."""
+    chosen = search.get("chosen") or {}
+    base = next((v for v in variants if v.get("stage") == "base" and v.get("point") == chosen), None)
+    delay = int(chosen.get("queue_delay_us") or 0)
+    level = next((lv for lv in (base or {}).get("curve") or [] if lv.get("concurrency") == 1), None)
+    if not delay or level is None:
+        return ""
+    latency = level.get(f"p{pct}_ms")
+    return (f" One request at a time waits the {delay} us queue delay for a batch that cannot fill: {float(level['throughput']):.1f} infer/s"
+            + (f", p{pct} {float(latency):.2f} ms" if latency is not None else "") + f" ({kind}); with fewer requests in flight than the max batch, every batch waits it out.")
 
 
 def _header(search: dict[str, Any]) -> list[str]:
