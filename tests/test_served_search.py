@@ -278,6 +278,16 @@ def test_a_padding_backend_is_predicted_to_pay_for_full_executions_between_multi
     assert predict_throughput(curve, 5, None, point) == pytest.approx(1.6 * _padding_server(5).throughput, rel=1e-6)
 
 
+def test_a_queue_delay_that_outlasts_an_execution_fills_a_padding_backends_batches_between_multiples_of_its_max():
+    """A request left over waits for the others to come back when the delay outlasts one full execution (6.6 ms here):
+    every batch is full and c in flight serve the full-batch rate; a shorter delay lets it go alone, padded."""
+    curve = [_padding_server(c) for c in (4, 16)]
+    full_rate = _padding_server(4).throughput
+    for c in (5, 6, 7, 9, 12):
+        assert predict_throughput(curve, c, None, OperatingPoint(4, (), 9000, 1, 2), pads=True) == pytest.approx(full_rate, rel=1e-6)
+        assert predict_throughput(curve, c, None, OperatingPoint(4, (), 3000, 1, 2), pads=True) == pytest.approx(_padding_server(c).throughput, rel=1e-6)
+
+
 def test_the_extrapolated_latency_stays_within_littles_bounds():
     steep = [level(4, 4000.0), level(16, 2000.0)]  # latency 1 ms at 4, 8 ms at 16: the line would reach below zero at 1
     assert predict_throughput(steep, 1) == pytest.approx(4000.0)  # never more than the throughput measured at 4

@@ -20,7 +20,11 @@ predicted (a lone request to a batcher with a 300 us delay waits 300 us, which n
 
 A backend that pads (openvino: every execution computes max_batch_size rows) serves c requests in flight above the
 max batch as ceil(c / max) full executions: c = 5 at max 4 costs what 8 do, so it serves throughput(8) * 5 / 8 (the
-same rule the padding backend's max batch is chosen by, find_max_batch_size.every_load_max).
+same rule the padding backend's max batch is chosen by, find_max_batch_size.every_load_max). Unless the queue delay
+outlasts one execution of a full batch (the latency at c = max): then the requests left over wait for the others to
+come back and every batch is full, so the latency line holds as for a backend that does not pad. The bundled CNN's max
+4 with a 9200 us delay (6 ms a full execution) served 677-707/s at 5, 6, 9 and 10 in flight, where ceil(c / max)
+executions predicted 408-491/s.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ def predict_throughput(curve: list[LoadLevel], concurrency: int, single_request_
                        point: OperatingPoint | None = None, pads: bool = False) -> float | None:
     """Inferences/s the variant serves at `concurrency` (None without a curve); `point` is the variant's batcher, `pads`
     whether its backend computes a full batch for every execution."""
-    if pads and point is not None and concurrency > point.max_batch_size > 1 and concurrency % point.max_batch_size:
+    if (pads and point is not None and concurrency > point.max_batch_size > 1 and concurrency % point.max_batch_size
+            and not _delay_fills(curve, point, single_request_ms)):
         rows = point.max_batch_size * -(-concurrency // point.max_batch_size)  # what ceil(c / max) full executions compute
         full = predict_throughput(curve, rows, single_request_ms, point)
         return full * concurrency / rows if full is not None else None
@@ -58,6 +63,15 @@ def predict_throughput(curve: list[LoadLevel], concurrency: int, single_request_
             latency = r0 if c1 == c0 else r0 + (r1 - r0) * (concurrency - c0) / (c1 - c0)
             return concurrency * 1000.0 / (latency + batcher_wait_ms(point, concurrency))
     return concurrency * 1000.0 / (line[0][1] + batcher_wait_ms(point, concurrency))
+
+
+def _delay_fills(curve: list[LoadLevel], point: OperatingPoint, single_request_ms: float | None) -> bool:
+    """Whether the queue delay outlasts one execution of a full batch (the latency at c = max, a load whose batches
+    fill): a request left over then waits for the others to come back instead of going alone."""
+    if not point.queue_delay_us:
+        return False
+    full = predict_throughput(curve, point.max_batch_size, single_request_ms, point)
+    return bool(full) and point.queue_delay_us / 1000.0 >= point.max_batch_size * 1000.0 / full
 
 
 def _first_latency(line: list[tuple[int, float]], single_request_ms: float | None) -> float:
