@@ -306,6 +306,7 @@ class _Loader:
         self.configs: dict[str, str] = {}
         self.max_loaded = 0
         self.loads: list[set[str]] = []  # the names of each load call, in order
+        self.unloads: list[tuple[set[str], bool]] = []  # the names of each unload call and whether it waited, in order
 
     def load(self, configs: dict[str, str]) -> dict[str, str]:
         self.loads.append(set(configs))
@@ -316,6 +317,7 @@ class _Loader:
 
     def unload(self, names, wait: bool = True) -> None:
         self.loaded -= set(names)
+        self.unloads.append((set(names), wait))
 
     def runtime(self, name: str) -> str:
         return ""
@@ -415,6 +417,9 @@ def test_a_close_call_is_measured_again_interleaved_and_the_faster_kept(monkeypa
     # the kept one answers its lone request still loaded from the settling (no load of its own), then nothing is left
     assert calls[-1] == (run.best.point, 1) and any(v.stage == "base" for v in search.variants)
     assert len(loader.loads[-1]) == 2 and not loader.loaded
+    loser, waited = loader.unloads[-2]  # the settling's other variant went, waited for, before the kept one was measured
+    assert len(loser) == 1 and loser < loader.loads[-1] and waited
+    assert all(not w for names, w in loader.unloads[:-2] if len(names) > 1)  # a group's unloading is left to the next load
 
 
 def _burst_watch(burst: dict, cores: float = 1.0) -> type:

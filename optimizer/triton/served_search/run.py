@@ -72,7 +72,7 @@ and the published config served 0.70x of the quiet choice (benchmarks/noisy_choi
 gave 0.76x under bursts, for the refinement's order: SearchRun._to_refine, SUSPECT)."""
 FILL_LIFT = 2.0
 REFINE_LIFT = 1.5
-"""The most a refinement is taken to lift a variant, with the time left (SearchRun._within_reach): a fill delay lifted
+"""The most a refinement is taken to lift a variant, with the time left (SearchRun._time_left): a fill delay lifted
 the bundled transformer's max 4 on 2 x 1 thread 1.96x at concurrency 4 (498/s -> 978/s); the rules' delay, a preferred
 size or a max between two measured ones moved a variant by 1.08x at most in this machine's CNN and transformer searches,
 so REFINE_LIFT leaves a margin."""
@@ -168,8 +168,7 @@ class SearchRun:
         replaced them (REFINE_ROUNDS at most), then with time left around every other variant that could still win, best
         first (_time_left). Why the last: the bundled CNN's largest fit of 8 leaves a coarse pass of 3 maxima x 2 layouts,
         and its search had ended after 11 variants in 70 s of a 90 s budget, its third best and below never tried with a
-        queue delay. With no load given,
-        a padding backend's maxima above PADDED_FIRST come last, with the time left."""
+        queue delay. With no load given, a padding backend's maxima above PADDED_FIRST come last, with the time left."""
         grid = [p for p in coarse_grid(space) if p not in self.seen]
         later = [p for p in grid if padded_later(p, space)]  # a padding backend's large maxima, with the time left (PADDED_FIRST)
         self.measure([p for p in grid if p not in later], "coarse")
@@ -565,10 +564,11 @@ class SearchRun:
         return [levels[n] for n in names]
 
     def _keep(self, point: OperatingPoint | None) -> None:
-        """Unload the parked variants but the one at `point` (None: all of them)."""
+        """Unload the parked variants but the one at `point` (None: all of them, without waiting: nothing is measured
+        after); the one kept is measured next (base), so the others are waited for."""
         gone = [n for p, n in self.parked.items() if p != point]
         self.parked = {p: n for p, n in self.parked.items() if p == point}
-        self._unload(gone, wait=False)
+        self._unload(gone, wait=point is not None)
 
     def base(self) -> None:
         """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
