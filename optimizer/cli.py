@@ -127,13 +127,13 @@ def _served_search_line(search: dict[str, Any]) -> str:
     chosen, start = found.chosen_variant, next((v for v in found.variants if v.stage == "start"), None)
     label = " (stand-in backend)" if found.stand_in else ""
     if chosen is None or start is None or chosen.throughput is None or start.throughput is None:
-        return f"served search: {len(found.variants)} variants"
+        return f"served search: {found.count_text()}"
     pct = found.percentile
     where = " beside other processes' load" if found.beside_load else ""
     return (f"served search for {found.load}: {chosen.point.label} serves {chosen.throughput:.1f}/s, p{pct} "
             f"{chosen.level(chosen.concurrency or 0).latency(pct) if chosen.level(chosen.concurrency or 0) else chosen.p95_ms:.1f} ms "
             f"at concurrency {chosen.concurrency}{where}{label}; the in-process rules' config served {start.throughput:.1f}/s at concurrency "
-            f"{start.concurrency} ({len(found.variants)} variants in {found.seconds:.0f} s; {found.stopped})"
+            f"{start.concurrency} ({found.count_text()} in {found.seconds:.0f} s; {found.stopped})"
             + (f"; reused from the search measured {found.cached_from}" if found.cached_from else ""))
 
 

@@ -855,6 +855,8 @@ def _searched_at_the_given_load_and_validated(run_dir: Path, stdout: str, config
     assert list(config.dynamic_batching.preferred_batch_size) == list(search.chosen.preferred)
     assert config.dynamic_batching.max_queue_delay_microseconds == search.chosen.queue_delay_us
     assert f"served search for the most throughput at concurrency {concurrency}" in stdout
+    tried = len({v.point for v in search.variants if v.stage not in ("settle", "base")})
+    assert f"({tried} variant{'s' if tried != 1 else ''}" in stdout  # configs, not rows: the anchor is measured again
     report_md = (reports / "report.md").read_text()
     assert f"Chosen for the most throughput at concurrency {concurrency}" in report_md and (reports / "served_search.png").is_file()
     validation = json.loads((reports / "validation.json").read_text())
