@@ -961,6 +961,25 @@ def test_validate_says_when_its_sweep_crosses_protocols_with_the_search(tmp_path
     assert notes["http"] and not notes["grpc"]
 
 
+def test_validate_says_how_a_padding_backends_loads_between_multiples_of_its_max_were_predicted(tmp_path: Path):
+    """Full executions where the queue delay is shorter than one (6.6 ms here); full batches where it outlasts one."""
+    from optimizer.triton.perf_analyzer import PerfRow
+    from optimizer.triton.validation.expectation import ExportReference
+    from optimizer.triton.validation.record import ValidationRecord
+    from optimizer.triton.validation.run import _compare_with_curve
+
+    rows = [PerfRow(c, t, 1.0, 1.0, 1.0, 1.0) for c, t in ((6, 500.0), (8, 600.0))]
+    said = {}
+    for delay in (3000, 9000):
+        reference = ExportReference(tmp_path, tmp_path, tmp_path, [], "c", 100.0, 4, served_curve=[_padding_server(c) for c in (4, 16)],
+                                    served_point=OperatingPoint(4, (), delay, 1, 2), served_pads=True)
+        record = ValidationRecord("m", "r", "s", "p", "b", perf={"settings": {"protocol": "grpc"}})
+        _compare_with_curve(record, reference, rows)
+        said[delay] = record.predicted_how
+    assert "pays for full executions" in said[3000] and "batches fill between multiples of the max" not in said[3000]
+    assert "batches fill between multiples of the max" in said[9000] and "pays for full executions" not in said[9000]
+
+
 def test_a_fill_delay_near_one_measured_for_the_same_config_is_not_measured_again():
     """Each variant proposes a share of its own p50 as its fill delay (2700, 2800, 3000 us for one config here): within
     SAME_DELAY of a measured one it is that variant, measured already."""

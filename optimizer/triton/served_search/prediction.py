@@ -46,7 +46,7 @@ def predict_throughput(curve: list[LoadLevel], concurrency: int, single_request_
     """Inferences/s the variant serves at `concurrency` (None without a curve); `point` is the variant's batcher, `pads`
     whether its backend computes a full batch for every execution."""
     if (pads and point is not None and concurrency > point.max_batch_size > 1 and concurrency % point.max_batch_size
-            and not _delay_fills(curve, point, single_request_ms)):
+            and not delay_fills(curve, point, single_request_ms)):
         rows = point.max_batch_size * -(-concurrency // point.max_batch_size)  # what ceil(c / max) full executions compute
         full = predict_throughput(curve, rows, single_request_ms, point)
         return full * concurrency / rows if full is not None else None
@@ -65,7 +65,7 @@ def predict_throughput(curve: list[LoadLevel], concurrency: int, single_request_
     return concurrency * 1000.0 / (line[0][1] + batcher_wait_ms(point, concurrency))
 
 
-def _delay_fills(curve: list[LoadLevel], point: OperatingPoint, single_request_ms: float | None) -> bool:
+def delay_fills(curve: list[LoadLevel], point: OperatingPoint, single_request_ms: float | None) -> bool:
     """Whether the queue delay outlasts one execution of a full batch (the latency at c = max, a load whose batches
     fill): a request left over then waits for the others to come back instead of going alone."""
     if not point.queue_delay_us:

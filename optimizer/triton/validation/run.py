@@ -234,6 +234,18 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
                      f"best {best.throughput:.1f} infer/s at concurrency {best.concurrency}{label}" if best else "loaded and answered")
 
 
+def _padding_words(reference: ExportReference) -> str:
+    """How the prediction treats a backend that pads: full executions between multiples of the max, unless the queue
+    delay outlasts one (then every batch fills; prediction.py)."""
+    from optimizer.triton.served_search.prediction import delay_fills
+
+    if not reference.served_pads or reference.served_point is None:
+        return ""
+    if delay_fills(reference.served_curve, reference.served_point, reference.single_request_ms):
+        return "; the backend pads, and its queue delay outlasts one full execution, so batches fill between multiples of the max"
+    return "; a load that is not a multiple of the max batch pays for full executions (the backend pads)"
+
+
 def _compare_with_curve(record: ValidationRecord, reference: ExportReference, rows: list[Any]) -> None:
     """Served against predicted at each load the served search did not measure (a prediction that can fail), and against
     the search's own measurement at each load it did (repeatability: the same config at the same load, reported apart)."""
@@ -262,8 +274,7 @@ def _compare_with_curve(record: ValidationRecord, reference: ExportReference, ro
                                  + (" and one request's cost" if reference.single_request_ms else "")
                                  + (f" (with the batcher's {reference.served_point.queue_delay_us} us wait where batches cannot fill)"
                                     if reference.served_point and reference.served_point.queue_delay_us else "")
-                                 + ("; a load that is not a multiple of the max batch pays for full executions (the backend pads)"
-                                    if reference.served_pads else ""))
+                                 + _padding_words(reference))
     else:
         record.notes.append("every load of this sweep was measured by the served search: only repeatability is reported; "
                             "sweep other concurrencies (--concurrency) to test the prediction")
