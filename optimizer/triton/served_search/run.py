@@ -182,7 +182,7 @@ class SearchRun:
             self.measure(later, "coarse")
             self._refine(self._to_refine(space)[:2], space)
 
-    def _to_refine(self, space: SearchSpace) -> list[ServedVariant]:
+    def _to_refine(self, space: SearchSpace, ratios: dict[int, tuple[float, int]] | None = None) -> list[ServedVariant]:
         """Measured variants in the order their refinements are tried: the objective's ranking; with no load given, by
         what each could serve, not by what its worst level happened to show. A level another process's load reached
         (SUSPECT: kept when the repeats ran out, or below their threshold) is a lower bound and does not rank it; a
@@ -190,11 +190,12 @@ class SearchRun:
         is measured (the delay is its likeliest gain, and the light load is where it fails). Why: under bursts the
         bundled CNN's max 4 ranked third or fourth, on its concurrency-4 level (1085/s without a delay, max 2 1470/s)
         and a concurrency-64 level a burst had halved, the 900 us delay that lifted it on the quiet machine was never
-        measured, and max 2 served 0.75x of the quiet choice (benchmarks/noisy_choice.py)."""
+        measured, and max 2 served 0.75x of the quiet choice (benchmarks/noisy_choice.py). `ratios`: _refine_ratios, when
+        the caller has them."""
         ranked = self.ranked()
         if self.objective.kind != "max-throughput":
             return ranked
-        ratios = self._refine_ratios(space)
+        ratios = self._refine_ratios(space) if ratios is None else ratios
         return sorted(ranked, key=lambda v: -ratios.get(id(v), (0.0, 0))[0])  # stable: the objective's order breaks ties
 
     def _refine_ratios(self, space: SearchSpace) -> dict[int, tuple[float, int]]:
@@ -215,11 +216,12 @@ class SearchRun:
         light load set aside (_refine_ratios). With a latency budget, every variant (a refinement can bring one under it).
         Why: with --concurrency 16 the bundled CNN's search spent 4 of its 17 variants refining 2 x 1-thread variants that
         served 0.55-0.59x the best, and none of them came above 0.56x."""
-        rest = self._to_refine(space)[2:]
         if self.objective.kind == "max-throughput":
             ratios = self._refine_ratios(space)
+            rest = self._to_refine(space, ratios)[2:]
             score = {v.point: ratios.get(id(v), (0.0, 0))[0] for v in self.seen.values()}
         else:
+            rest = self._to_refine(space)[2:]
             score = {v.point: v.throughput or 0.0 for v in self.seen.values() if v.status == "measured"}
         lead = max(score.values(), default=0.0)
         todo: list[OperatingPoint] = []
@@ -599,7 +601,8 @@ class SearchRun:
         self.search.variants.append(base)
 
     def _level_cost(self) -> float:
-        """Seconds one level of a loaded variant takes at the search's window (three stable windows, perf_analyzer's exit)."""
+        """Seconds one level of a loaded variant takes at the search's window: three stable windows, perf_analyzer's exit,
+        and a second for its start and the warm-up."""
         return STABLE_WINDOWS * self.bench.window_ms / 1000.0 + EXIT_S + 1.0
 
     # -- helpers -------------------------------------------------------------------------------------------------------------
