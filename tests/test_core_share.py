@@ -238,3 +238,9 @@ def test_an_export_beside_a_busy_core_measures_in_process_on_the_free_one_and_se
     assert "on every core while other processes kept" in text  # the config says how it was measured
     report_md = (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
     assert "ran on every core beside them" in report_md and "Instance layouts were not compared" in report_md  # and the report
+
+
+def test_a_scaled_max_never_passes_the_batches_profiled_when_larger_ones_were_only_run_once():
+    d = _decision("peak", 4)
+    d.largest_fit, d.fit_checked = 32, [16, 32]  # past the saturation at 8, run once each: not measured
+    assert scaled_for_cores(d, CoreShare((0,), (0, 1, 2, 3), 3.0), 256).max_batch_size == 8

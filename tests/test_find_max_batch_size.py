@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.records.measurements import BatchPolicy, BatchProfile
+from optimizer.records.measurements import BatchPolicy, BatchProfile, MaxBatchDecision
 from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, every_load_max, find_max_batch_size, knee_of
 
 
@@ -246,3 +246,40 @@ def test_only_a_padding_backends_searched_max_is_replaced_in_the_rules_point():
                                 (result("openvino", "recorded"), ExportSettings())):
         _padded_max_for_every_load(unchanged, settings)
         assert unchanged.max_batch_size == 128 and unchanged.selection_reason == "fastest"
+
+
+class FitCheck:
+    """fits(batch) for the fit check past a saturation stop: milliseconds of one inference, OOM above a size."""
+
+    def __init__(self, oom_above: int | None = None, ms=lambda b: 1.0 * b):
+        self.oom_above, self.ms, self.asked = oom_above, ms, []
+
+    def __call__(self, batch: int) -> float:
+        self.asked.append(batch)
+        if self.oom_above is not None and batch > self.oom_above:
+            raise OutOfMemory(f"batch {batch}: cannot allocate")
+        return self.ms(batch)
+
+
+def test_past_a_saturation_stop_larger_batches_are_run_once_to_check_they_fit():
+    """The served search may try them (the server's per-request cost can favour larger batches); the max stays the peak."""
+    fake, fit = FakeModel(lambda b: {1: 100, 2: 190, 4: 195, 8: 203}[b]), FitCheck()
+    d = find_max_batch_size(fake, BatchPolicy(), fits=fit)
+    assert fake.measured == [1, 2, 4, 8] and fit.asked == [16, 32]  # two doublings, never profiled
+    assert d.max_batch_size == 8 and d.largest_fit == 32 and d.fit_checked == [16, 32]
+    assert "16 and 32 ran once each to check they fit" in d.explanation
+    assert MaxBatchDecision.from_json(d.to_json()).fit_checked == [16, 32]
+
+
+@pytest.mark.parametrize("fit, largest", [(FitCheck(oom_above=16), 16), (FitCheck(ms=lambda b: 2.0 * b), 16)])
+def test_the_fit_check_ends_at_the_first_batch_out_of_memory_or_over_the_latency_budget(fit: FitCheck, largest: int):
+    fake = FakeModel(lambda b: {1: 100, 2: 190, 4: 195, 8: 203}[b])
+    d = find_max_batch_size(fake, BatchPolicy(latency_budget_ms=40.0), fits=fit)  # 2 ms a row: 32 rows take 64 ms
+    assert d.largest_fit == largest and d.fit_checked == [16] and fit.asked == [16, 32]
+
+
+def test_no_fit_check_where_the_growth_ended_on_a_limit_or_a_size_the_user_asked_for():
+    for policy, oom in ((BatchPolicy(max_batch_size=8), None), (BatchPolicy(search_cap=16), None), (BatchPolicy(), 5)):
+        fit = FitCheck()
+        d = find_max_batch_size(FakeModel(lambda b: 100.0 * b, oom_above=oom), policy, fits=fit)
+        assert fit.asked == [] and d.fit_checked == [] and d.largest_fit == d.profiles[-1].batch_size

@@ -927,6 +927,8 @@ def test_a_cached_search_is_reused_only_for_the_same_key_and_a_corrupt_entry_is_
               search_key(result, start, SearchRequest(tmp_path), "home-b", "names"),
               search_key(result, start.replace("max_batch_size", "max_batch_size ", 1), SearchRequest(tmp_path), "home-a", "names")}
     assert key not in others and len(others) == 4  # the load, the budget, the server build and the rules' config all count
+    result.selected_candidate.decision.largest_fit *= 4  # a wider in-process space (larger batches fit) too
+    assert search_key(result, start, SearchRequest(tmp_path), "home-a", "names") != key
     cache = ServedSearchCache(tmp_path / "cache")
     chosen = variant(START, 321.0)
     search = ServedSearch("searched", start=START, chosen=START, variants=[chosen])

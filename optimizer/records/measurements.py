@@ -96,10 +96,11 @@ class MaxBatchDecision:
     failure: str = ""
     over_budget: list[BatchProfile] = field(default_factory=list)  # sizes measured but above the latency budget
     peak: int = 0  # the smallest batch within the measured noise of the best throughput (0: none measured)
-    largest_fit: int = 0  # the largest measured batch that fit (memory and latency budget): what capacity allows
+    largest_fit: int = 0  # the largest batch that fit (memory and latency budget): what capacity allows
     search_stop: str = ""  # why the growth stopped (a LIMITS key); decided_by is "peak" when the peak capped the max
     measured_max: int = 0  # the max batch as measured, when it was measured on fewer cores and scaled (0: not scaled)
     scaled_by: float = 1.0  # available cores / measured cores (task/core_share.py)
+    fit_checked: list[int] = field(default_factory=list)  # past a saturation stop, run once each to check they fit (not profiled)
 
     @property
     def best(self) -> BatchProfile:
@@ -114,13 +115,22 @@ class MaxBatchDecision:
         text = f"max_batch_size {self.max_batch_size}: {why}"
         if self.decided_by in ("memory", "latency_budget") and self.first_failure:
             text += f" (first failing size {self.first_failure})"
-        if self.decided_by == "peak" and self.largest_fit > self.max_batch_size:
-            stop = LIMITS.get(self.search_stop, self.search_stop)
-            text += f"; batches up to {self.largest_fit} fit (the search stopped there: {stop})"
+        if self.decided_by in ("peak", "saturation") and self.largest_fit > self.max_batch_size:
+            text += f"; {self.fit_text}"
         if self.measured_max:
             text += (f"; measured on 1/{self.scaled_by:g} of the cores with as many threads, where the max was {self.measured_max}: "
                      f"scaled x{self.scaled_by:g} so each thread gets the same share of a batch on every core")
         return text + f"; knee at {self.knee}, best throughput at {self.best_batch}"
+
+    @property
+    def fit_text(self) -> str:
+        """How far batches fit, and how that is known (profiled, or run once past the saturation stop)."""
+        stop = LIMITS.get(self.search_stop, self.search_stop)
+        if not self.fit_checked:
+            return f"batches up to {self.largest_fit} fit (the search stopped there: {stop})"
+        profiled = max((p.batch_size for p in self.profiles), default=0)
+        ran = " and ".join(str(b) for b in self.fit_checked)
+        return f"batches up to {self.largest_fit} fit (the search stopped at {profiled}: {stop}; {ran} ran once each to check they fit)"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +148,7 @@ class MaxBatchDecision:
             "search_stop": self.search_stop,
             "measured_max": self.measured_max,
             "scaled_by": self.scaled_by,
+            "fit_checked": list(self.fit_checked),
             "explanation": self.explanation,
         }
 
@@ -158,4 +169,5 @@ class MaxBatchDecision:
             search_stop=d.get("search_stop", d["decided_by"]),
             measured_max=d.get("measured_max", 0),
             scaled_by=d.get("scaled_by", 1.0),
+            fit_checked=list(d.get("fit_checked", [])),
         )

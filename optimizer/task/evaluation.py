@@ -255,8 +255,29 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             write_progress(progress, cand)
             return prof
 
+        def fits(batch: int) -> float:
+            """Past a saturation stop, does `batch` fit? One checked inference (the first at a shape may compile), then the
+            milliseconds of a second."""
+            if job.deadline and time.time() > job.deadline:
+                raise TimeBudgetExceeded("the time budget ran out")
+            release_device_memory(cand.device)
+            try:
+                feed = tile_feed(base, batch)
+                runner.infer(feed)
+                t = time.perf_counter()
+                runner.run_unchecked(feed)
+                ms = (time.perf_counter() - t) * 1000
+            except Exception as err:
+                if is_allocation_failure(err):
+                    log.info("%s | batch %d does not fit: %s", cand.name, batch, first_line(err))
+                    release_device_memory(cand.device)
+                    raise OutOfMemory(f"batch {batch}: {first_line(err)}") from err
+                raise
+            log.info("%s | batch %d fits: %.1f ms an inference", cand.name, batch, ms)
+            return ms
+
         try:
-            decision = find_max_batch_size(measure_batch, policy, signature.batching)
+            decision = find_max_batch_size(measure_batch, policy, signature.batching, fits)
         except Exception as err:
             log.exception("%s | measurement failed", cand.name)
             return _failed(cand, "measure", f"measurement failed: {first_line(err)}")

@@ -11,7 +11,9 @@ When the size is searched (not asked for), the published maximum is the throughp
 smallest batch within the measured noise of the best. Past it a saturated server forms larger
 batches that serve less at several times the latency, and on a flat curve the smallest
 equivalent batch answers sooner and repeats from run to run; the largest batch that fit is kept
-as `largest_fit` for the served search to try.
+as `largest_fit` for the served search to try. Past a saturation stop, larger batches (up to
+FIT_PROBE_FACTOR x the largest measured) are run once each to check that they fit (`fit_checked`):
+in-process throughput stops growing where the server's per-request cost still favours larger ones.
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ def every_load_max(profiles: list[BatchProfile]) -> int:
     return max(sizes, key=lambda b: (min(served(b, c) / best[c] for c in loads), thr[b]))
 
 
+FIT_PROBE_FACTOR = 4
+"""Past a saturation stop, batches up to this many times the largest measured are run once each to check they fit (memory,
+the latency budget), so the served search may try them: on 2 cores the bundled CNN's in-process curve stopped growing at
+batch 4, and its served search had a space of 2 maxima x 2 layouts and ended with a third of its budget left. Two
+doublings: one inference each, cheap beside the profile windows, and bounded for a large model."""
+
+
 def _saturated(profiles: list[BatchProfile], gain: float, steps: int) -> bool:
     """True when each of the last `steps` sizes gained less than `gain`, or less than its own measured spread,
     over the best before it: a step counts as growth only beyond the noise it was measured with."""
@@ -84,8 +93,10 @@ def _saturated(profiles: list[BatchProfile], gain: float, steps: int) -> bool:
     return True
 
 
-def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPolicy, batching: bool = True) -> MaxBatchDecision:
-    """Run the search with `measure(batch) -> BatchProfile` (raising OutOfMemory / TimeBudgetExceeded)."""
+def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPolicy, batching: bool = True,
+                        fits: Callable[[int], float] | None = None) -> MaxBatchDecision:
+    """Run the search with `measure(batch) -> BatchProfile` (raising OutOfMemory / TimeBudgetExceeded); `fits(batch)` runs
+    one inference and returns its milliseconds (raising as `measure`), for the fit check past a saturation stop."""
     if not batching:
         p = measure(1)
         return MaxBatchDecision([p], 0, 1, 1, "no_batching", peak=1, largest_fit=0, search_stop="no_batching")
@@ -143,6 +154,7 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
     best = max(good, key=lambda p: p.throughput)
     largest = good[-1].batch_size
     ceiling = largest if decided_by == "memory" else None
+    checked = _check_fit(fits, largest, policy) if fits is not None and decided_by == "saturation" else []
     peak = peak_of(good)
     capped = policy.max_batch_size is None and peak < largest  # searched, not asked for: never past the peak
     return MaxBatchDecision(
@@ -156,9 +168,26 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
         failure=failure,
         over_budget=sorted(over, key=lambda p: p.batch_size),
         peak=peak,
-        largest_fit=largest,
+        largest_fit=max([largest, *checked]),
         search_stop=decided_by,
+        fit_checked=checked,
     )
+
+
+def _check_fit(fits: Callable[[int], float], largest: int, policy: BatchPolicy) -> list[int]:
+    """The batches past `largest` (doubling, up to FIT_PROBE_FACTOR x and the cap) that ran once within memory and the
+    latency budget; the first that does not ends the check."""
+    checked, batch = [], largest * 2
+    while batch <= min(policy.cap, FIT_PROBE_FACTOR * largest):
+        try:
+            ms = fits(batch)
+        except (OutOfMemory, TimeBudgetExceeded):
+            break
+        if policy.latency_budget_ms is not None and ms > policy.latency_budget_ms:
+            break
+        checked.append(batch)
+        batch *= 2
+    return checked
 
 
 SCALABLE = frozenset({"peak", "saturation", "search_cap", "time_budget"})
@@ -167,11 +196,12 @@ SCALABLE = frozenset({"peak", "saturation", "search_cap", "time_budget"})
 
 def scaled_for_cores(decision: MaxBatchDecision, share: CoreShare, cap: int) -> MaxBatchDecision:
     """A max batch searched on fewer cores than the server has, scaled to all of them (task/core_share.py), never past
-    the largest batch that fit in-process (a size never measured is never published) nor `cap`; the peak (the rules'
+    the largest batch profiled in-process (a size never measured is never published) nor `cap`; the peak (the rules'
     preferred size) is scaled with it, so the max and the preferred size keep their measured relation."""
     if not share.reduced or decision.decided_by not in SCALABLE or decision.max_batch_size <= 0:
         return decision
-    ceiling = min(cap, max(decision.largest_fit, decision.max_batch_size))
+    profiled = max((p.batch_size for p in decision.profiles), default=0)  # not the sizes only run once (fit_checked)
+    ceiling = min(cap, max(profiled, decision.max_batch_size))
     scaled = min(share.to_all_cores(decision.max_batch_size), ceiling)
     if scaled == decision.max_batch_size:
         return decision

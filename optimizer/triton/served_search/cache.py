@@ -2,7 +2,8 @@
 
 The key is everything the measurements depend on: the search's own source (a development checkout does not bump the
 version, and a changed search must not republish the old one's choice), the artifact's files, the config the variants
-are rendered from (the rules' start, the platform's settings, the client contract), the request mix, the load and budget asked for,
+are rendered from (the rules' start, the platform's settings, the client contract), the in-process decision's space
+(its peak and the largest batch that fit: a wider space is a different search), the request mix, the load and budget asked for,
 the server build (the bundled server's home, named by its version and stand-in sources; or a --url server's address
 and version), the target release and the machine. A search measured beside other processes' load is never
 stored (as in-process measurements on fewer cores are not): a quiet re-run measures again. An entry is written aside and renamed into place; one
@@ -41,6 +42,9 @@ def search_key(result: TuneResult, start_config: str, request: Any, server_build
         h.update(target.encode() + b"\0")
         _hash_file(h, source)
     h.update(start_config.encode())
+    decision = result.selected_candidate.decision  # the space beside the start: the peak, the largest batch that fit
+    if decision is not None:
+        h.update(json.dumps([decision.peak, decision.largest_fit, decision.measured_max, decision.decided_by]).encode())
     _hash_file(h, Path(result.reference.profile_feed))
     settings = {"concurrency": request.concurrency, "latency_budget_ms": request.latency_budget_ms, "percentile": request.percentile,
                 "budget_s": request.budget_s, "user_max": request.user_max, "url": request.url, "protocol": request.protocol,
