@@ -278,8 +278,26 @@ def test_the_fit_check_ends_at_the_first_batch_out_of_memory_or_over_the_latency
     assert d.largest_fit == largest and d.fit_checked == [16] and fit.asked == [16, 32]
 
 
+def test_no_fit_check_for_a_batch_whose_inference_would_take_over_a_second():
+    fit = FitCheck()
+    d = find_max_batch_size(FakeModel(lambda b: {1: 10, 2: 19, 4: 19.5, 8: 20.3}[b]), BatchPolicy(), fits=fit)  # 8 rows: 394 ms
+    assert d.search_stop == "saturation" and fit.asked == [16] and d.largest_fit == 16  # 32 rows would take about 1.6 s
+
+
 def test_no_fit_check_where_the_growth_ended_on_a_limit_or_a_size_the_user_asked_for():
     for policy, oom in ((BatchPolicy(max_batch_size=8), None), (BatchPolicy(search_cap=16), None), (BatchPolicy(), 5)):
         fit = FitCheck()
         d = find_max_batch_size(FakeModel(lambda b: 100.0 * b, oom_above=oom), policy, fits=fit)
         assert fit.asked == [] and d.fit_checked == [] and d.largest_fit == d.profiles[-1].batch_size
+
+
+def test_the_fit_check_has_room_for_half_the_available_memory_within_the_budget():
+    """A batch never profiled may not push the machine into swap or the OOM killer (which would end the candidate)."""
+    from optimizer.task.evaluation import _host_room_mb
+    from optimizer.task.profiling import peak_rss_mb
+
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) / 1024 for line in f if line.startswith("MemAvailable:"))
+    room = _host_room_mb(None)
+    assert peak_rss_mb() < room <= peak_rss_mb() + 0.55 * available  # (MemAvailable read a moment apart)
+    assert _host_room_mb(peak_rss_mb() + 10) <= peak_rss_mb() + 10  # the memory budget's limit bounds it

@@ -194,6 +194,25 @@ def _gated_report(runner: Any, job: BuildJob, signature: Signature, feeds: list[
     return report
 
 
+FIT_CHECK_MEMORY_SHARE = 0.5
+"""The fit check past a saturation stop runs batches never profiled: it may take this share of the memory the machine has
+available, so a batch that would push the machine into swap or the OOM killer (which would end the candidate) is not run."""
+
+
+def _host_room_mb(limit_mb: float | None) -> float | None:
+    """The peak RSS (MB) the fit check may reach: now plus FIT_CHECK_MEMORY_SHARE of MemAvailable, within the memory
+    budget's limit when one is set; None when /proc/meminfo cannot be read."""
+    from optimizer.task.profiling import peak_rss_mb
+
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) / 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    room = peak_rss_mb() + FIT_CHECK_MEMORY_SHARE * available
+    return min(room, limit_mb) if limit_mb else room
+
+
 def _vm_data_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -260,6 +279,8 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             milliseconds of a second."""
             if job.deadline and time.time() > job.deadline:
                 raise TimeBudgetExceeded("the time budget ran out")
+            if (room := _host_room_mb(limit_mb)) is not None and batch > (estimate_ceiling(partial, room) or batch):
+                raise OutOfMemory(f"batch {batch}: peak memory's growth over the profiled batches would pass the {room:.0f} MB there is room for")
             release_device_memory(cand.device)
             try:
                 feed = tile_feed(base, batch)

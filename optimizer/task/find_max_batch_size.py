@@ -78,7 +78,11 @@ FIT_PROBE_FACTOR = 4
 """Past a saturation stop, batches up to this many times the largest measured are run once each to check they fit (memory,
 the latency budget), so the served search may try them: on 2 cores the bundled CNN's in-process curve stopped growing at
 batch 4, and its served search had a space of 2 maxima x 2 layouts and ended with a third of its budget left. Two
-doublings: one inference each, cheap beside the profile windows, and bounded for a large model."""
+doublings: two inferences each (the first at a shape may compile), cheap beside the profile windows."""
+FIT_CHECK_MAX_MS = 1000.0
+"""A batch whose inference would take longer than this (the largest profiled batch's median, scaled by the rows) is not
+checked: a large model's check would cost the in-process search seconds per candidate, and a max that slow is no
+candidate for a served config."""
 
 
 def _saturated(profiles: list[BatchProfile], gain: float, steps: int) -> bool:
@@ -154,7 +158,7 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
     best = max(good, key=lambda p: p.throughput)
     largest = good[-1].batch_size
     ceiling = largest if decided_by == "memory" else None
-    checked = _check_fit(fits, largest, policy) if fits is not None and decided_by == "saturation" else []
+    checked = _check_fit(fits, good[-1], policy) if fits is not None and decided_by == "saturation" else []
     peak = peak_of(good)
     capped = policy.max_batch_size is None and peak < largest  # searched, not asked for: never past the peak
     return MaxBatchDecision(
@@ -174,11 +178,13 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
     )
 
 
-def _check_fit(fits: Callable[[int], float], largest: int, policy: BatchPolicy) -> list[int]:
-    """The batches past `largest` (doubling, up to FIT_PROBE_FACTOR x and the cap) that ran once within memory and the
-    latency budget; the first that does not ends the check."""
-    checked, batch = [], largest * 2
-    while batch <= min(policy.cap, FIT_PROBE_FACTOR * largest):
+def _check_fit(fits: Callable[[int], float], largest: BatchProfile, policy: BatchPolicy) -> list[int]:
+    """The batches past the `largest` profiled (doubling, up to FIT_PROBE_FACTOR x and the cap) that ran within memory
+    and the latency budget; the first that does not, or would take over FIT_CHECK_MAX_MS, ends the check."""
+    checked, batch = [], largest.batch_size * 2
+    while batch <= min(policy.cap, FIT_PROBE_FACTOR * largest.batch_size):
+        if largest.p50_ms * batch / largest.batch_size > FIT_CHECK_MAX_MS:
+            break
         try:
             ms = fits(batch)
         except (OutOfMemory, TimeBudgetExceeded):

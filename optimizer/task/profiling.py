@@ -69,7 +69,8 @@ class ContentionMeter:
         return float(min(max(others / capacity, 0.0), 1.0))
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -162,5 +163,5 @@ def measure(run: Callable[[], Any], batch_size: int, settings: ProfileSettings =
         stable=stable,
         cv=cv if np.isfinite(cv) else -1.0,
         others_cpu_share=meter.share(len(used)),
-        peak_rss_mb=_peak_rss_mb(),
+        peak_rss_mb=peak_rss_mb(),
     )
