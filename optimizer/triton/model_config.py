@@ -285,6 +285,10 @@ def build_spec(result: TuneResult, name: str, warmup: list[dict[str, Any]] | Non
     settings = dict(artifact.triton_settings)
     parameters = {k: parameter_text(v) for k, v in dict(settings.get("parameters", {})).items()}
     batching = batching_plan(cand.decision, mbs, result.latency_budget_ms, result.percentile)
+    if platform.pads_batch and point is None and any(b < mbs for b in batching.preferred_batch_size):
+        batching = replace(batching, preferred_batch_size=[], explanation=batching.explanation + (
+            f"; no preferred_batch_size: the {platform.backend} backend computes max_batch_size rows for every batch, so a batch "
+            "sent at a smaller preferred size costs a full one"))
     if point is not None:
         if batching.enabled:
             rules = batching_plan(cand.decision, result.max_batch_size if sig.batching else 0, result.latency_budget_ms, result.percentile)
