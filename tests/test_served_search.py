@@ -78,6 +78,8 @@ def test_a_max_1_start_keeps_the_in_process_peak_and_the_rules_delay_in_the_spac
     assert OperatingPoint(4, (2,), 130, 1, 2) in around
     fixed = SearchSpace.of(MaxBatchDecision([], 1, 1, 2, "user_cap", peak=2, largest_fit=4), start, 2, gpu=False, user_max=1, rules_delay_us=130)
     assert (fixed.peak, fixed.largest_fit) == (1, 1), "a --max-batch-size 1 stays the whole space"
+    padded = SearchSpace.of(MaxBatchDecision([], 8, 1, 2, "peak", peak=2, largest_fit=16), OperatingPoint(8, (), 100, 1, 2), 2, gpu=False, pads=True)
+    assert padded.peak == 2, "a padding backend's start carries no preferred size below its max: the in-process peak stays in the space"
 
 
 def test_the_coarse_pass_covers_layouts_by_the_peak_2x_4x_and_the_largest_fit_without_delay_or_preferred_sizes():
