@@ -13,6 +13,8 @@ import logging
 import os
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,16 +259,10 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             if partial and job.deadline and time.time() > job.deadline:  # batch 1 always: every candidate stays comparable
                 raise TimeBudgetExceeded("the time budget ran out")
             release_device_memory(cand.device)  # each probe starts without the cache of the one before
-            try:
+            with _allocation_failure_as_out_of_memory(cand, batch):
                 feed = tile_feed(base, batch) if signature.batching else base
                 runner.infer(feed)  # checked once, outside the timed windows
                 prof = measure_settled(lambda: runner.run_unchecked(feed), batch if signature.batching else 1, settings)
-            except Exception as err:
-                if is_allocation_failure(err):
-                    log.info("%s | batch %d does not fit: %s", cand.name, batch, first_line(err))
-                    release_device_memory(cand.device)
-                    raise OutOfMemory(f"batch {batch}: {first_line(err)}") from err
-                raise
             log.info("%s | batch %d: %.1f/s p50 %.2f ms p95 %.2f ms (cv %.3f, others %.0f%%)",
                      cand.name, batch, prof.throughput, prof.p50_ms, prof.p95_ms, prof.cv, 100 * prof.others_cpu_share)
             partial.append(prof)
@@ -282,18 +278,12 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             if (room := _host_room_mb(limit_mb)) is not None and batch > (estimate_ceiling(partial, room) or batch):
                 raise OutOfMemory(f"batch {batch}: peak memory's growth over the profiled batches would pass the {room:.0f} MB there is room for")
             release_device_memory(cand.device)
-            try:
+            with _allocation_failure_as_out_of_memory(cand, batch):
                 feed = tile_feed(base, batch)
                 runner.infer(feed)
                 t = time.perf_counter()
                 runner.run_unchecked(feed)
                 ms = (time.perf_counter() - t) * 1000
-            except Exception as err:
-                if is_allocation_failure(err):
-                    log.info("%s | batch %d does not fit: %s", cand.name, batch, first_line(err))
-                    release_device_memory(cand.device)
-                    raise OutOfMemory(f"batch {batch}: {first_line(err)}") from err
-                raise
             log.info("%s | batch %d fits: %.1f ms an inference", cand.name, batch, ms)
             return ms
 
@@ -312,6 +302,19 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         return cand.to_json()
     finally:
         runner.__exit__(None, None, None)
+
+
+@contextmanager
+def _allocation_failure_as_out_of_memory(cand: Candidate, batch: int) -> Iterator[None]:
+    """An allocation failure inside is the batch not fitting (OutOfMemory, the device's cache released); others pass."""
+    try:
+        yield
+    except Exception as err:
+        if is_allocation_failure(err):
+            log.info("%s | batch %d does not fit: %s", cand.name, batch, first_line(err))
+            release_device_memory(cand.device)
+            raise OutOfMemory(f"batch {batch}: {first_line(err)}") from err
+        raise
 
 
 def _failed(cand: Candidate, stage: str, reason: str) -> dict[str, Any]:
