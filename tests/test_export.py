@@ -82,6 +82,11 @@ def test_bundled_example_end_to_end(in_tmp: Path):
     passed = [c for c in names.values() if c["status"] == "passed"]
     assert names[result["selected"]] in passed  # every passed candidate agreed with eager and was measured
     assert all(c["correctness"]["passed"] and c["decision"]["profiles"] for c in passed)
+    # past a saturation stop larger batches ran once to check they fit (the served search may try them), never profiled
+    saturated = [c["decision"] for c in passed if c["decision"]["search_stop"] == "saturation"]
+    assert saturated and all(d["largest_fit"] == max(d["fit_checked"], default=d["profiles"][-1]["batch_size"]) for d in saturated)
+    assert any(d["fit_checked"] for d in saturated)
+    assert not any(p["batch_size"] in d["fit_checked"] for d in saturated for p in d["profiles"])
     # bf16 / INT8 candidates (auto adds bf16 on a bf16 CPU) are judged by the accuracy gate, fp32 ones by the tolerances
     assert all(c["correctness"]["accuracy"]["passed"] for c in passed if "accuracy" in c["correctness"])
     assert all(c["correctness"]["max_abs"] < 1e-3 for c in passed if "accuracy" not in c["correctness"])
