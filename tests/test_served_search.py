@@ -146,6 +146,9 @@ def test_a_fill_delay_is_tried_only_where_the_lightest_load_left_batches_unfille
     assert fill_delay_us(measured(1.0, at=1), space()) is None  # one request at a time can form nothing larger
     assert fill_delay_us(measured(1.2, p50=400.0), space()) == 20000  # bounded
     assert fill_delay_us(measured(1.2, p50=0.1), space()) == 400  # never shorter than twice the rules' delay (200 us here)
+    # with a target load, none for a max that holds every request of it: at one client fewer each batch waits it out
+    assert fill_delay_us(measured(1.9, at=8), space(concurrency=8)) is None
+    assert fill_delay_us(measured(1.9, at=16), space(concurrency=16)) == 3000  # 16 clients hold two batches of 8
     assert fill_delay_us(measured(None), space()) is None  # no batch figure: nothing to go on
     assert fill_delay_us(replace(measured(1.5), point=OperatingPoint(1, (), 0, 1, 2)), space()) is None
 

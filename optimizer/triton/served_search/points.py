@@ -221,13 +221,23 @@ def fill_delay_us(v: ServedVariant, space: SearchSpace) -> int | None:
 
     Why: the bundled transformer's best at concurrency 4 was max 4 with a 1000 us delay, and the rules' 40 us never
     let the four clients' requests meet. A batch can hold only the requests the other instances are not executing: the
-    CNN's max 16 and 32 on two instances formed 6.4 and 7.2 at concurrency 16, never more than 16 / 2."""
+    CNN's max 16 and 32 on two instances formed 6.4 and 7.2 at concurrency 16, never more than 16 / 2.
+
+    With a target load N, none for a max that holds every one of N's requests (max x instances >= N): each batch would
+    fill only with all N clients in it, and at N - 1 every batch waits the delay out. With `--concurrency 16` the CNN's
+    search had published max 16 with 20000 us (699.9/s at 16, within the noise of max 4 without a delay), which served
+    272-341/s at 12-15 clients and 426-469/s at 17 and 20, where max 4 served 642-697/s; max 8 with its 19400 us fill
+    delay held up at 12-20 (625-708/s): 16 clients hold two batches of 8. With no load given the ladder's lightest load
+    is the least it is scored at and heavier loads fill the max from the excess, so there the delay stays (report.md
+    says what a lone request pays for it)."""
     if not space.batching or v.point.max_batch_size <= 1 or not v.curve:
         return None
     light = v.curve[0]
     could = min(v.point.max_batch_size, -(-light.concurrency // v.point.instances))  # c in flight share the instances
     if light.server_batch is None or could <= 1 or light.server_batch >= 0.9 * could:
         return None
+    if space.concurrency and v.point.max_batch_size * v.point.instances >= space.concurrency:
+        return None  # the batches would fill only with every request of the target load in them (above)
     share = FILL_FULL_SHARE if could == v.point.max_batch_size else FILL_DELAY_SHARE
     delay = min(FILL_DELAY_MAX_US, max(100, 2 * space.rules_delay_us, int(round(light.p50_ms * 1000 * share, -2))))
     return delay if delay > v.point.queue_delay_us else None
