@@ -247,7 +247,7 @@ def _max_batch(result: TuneResult, published_max: int | None = None) -> str:
                      f"the measured max {d.measured_max} is scaled x{d.scaled_by:g} to {d.max_batch_size}, so each thread gets the same "
                      "share of a batch on every core (fewer threads flatten the throughput curve).")
     if d.largest_fit > (d.measured_max or result.max_batch_size):
-        lines.append(f"- B{d.fit_text[1:]}; in-process, past the peak a batch serves less at a higher latency"
+        lines.append(f"- {d.fit_text[0].upper()}{d.fit_text[1:]}; in-process, past the peak a batch serves less at a higher latency"
                      + (" (the served search may try the larger ones: the server's per-request cost can favour them)." if d.fit_checked else "."))
     if d.ceiling is not None:
         lines.append(f"- Capacity ceiling: batch {d.ceiling} is the largest that fit" + (f"; batch {d.first_failure} did not ({_cell(d.failure)})" if d.first_failure else "") + ".")

@@ -33,7 +33,7 @@ from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
 from optimizer.task.correctness import compare_outputs
 from optimizer.task.device_memory import is_allocation_failure, release_device_memory
 from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size
-from optimizer.task.profiling import ProfileSettings, measure_settled
+from optimizer.task.profiling import ProfileSettings, measure_settled, peak_rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +204,6 @@ available, so a batch that would push the machine into swap or the OOM killer (w
 def _host_room_mb(limit_mb: float | None) -> float | None:
     """The peak RSS (MB) the fit check may reach: now plus FIT_CHECK_MEMORY_SHARE of MemAvailable, within the memory
     budget's limit when one is set; None when /proc/meminfo cannot be read."""
-    from optimizer.task.profiling import peak_rss_mb
-
     try:
         with open("/proc/meminfo") as f:
             available = next(int(line.split()[1]) / 1024 for line in f if line.startswith("MemAvailable:"))

@@ -96,7 +96,7 @@ class SearchSpace:
         if fixed:
             largest = fixed
         peak = max(start.preferred, default=max(1, start.max_batch_size))
-        if not start.preferred and decision is not None and 1 < (decision.peak or 0) < start.max_batch_size:
+        if pads and not start.preferred and decision is not None and 1 < (decision.peak or 0) < start.max_batch_size:
             peak = decision.peak  # the rules publish no preferred size below a padding backend's max: the peak is still the peak
         delay = start.queue_delay_us
         if start.max_batch_size == 1 and decision is not None and (decision.peak or 0) > 1:
