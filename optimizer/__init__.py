@@ -18,6 +18,7 @@ from optimizer.errors import (  # noqa: E402
     SettingsError,
     SignatureError,
     TemplateError,
+    TrafficError,
     UsageError,
     ValidationError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "SettingsError",
     "SignatureError",
     "TemplateError",
+    "TrafficError",
     "UsageError",
     "ValidationError",
     "__version__",

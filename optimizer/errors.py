@@ -27,6 +27,10 @@ class SignatureError(UsageError):
     """An --input / --output-names / --value-range / --samples spec is malformed or contradicts the model."""
 
 
+class TrafficError(UsageError):
+    """A --traffic file (perf_analyzer --input-data JSON) is unreadable or does not fit the model's signature."""
+
+
 class SettingsError(UsageError):
     """An option value or a settings file entry is invalid."""
 

@@ -17,6 +17,8 @@ import tomllib
 from optimizer.errors import SettingsError
 from optimizer.vocab import EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISION_CHOICES, STRATEGY_NAMES, WORKFLOWS
 
+MAX_CONCURRENCY = 4096
+"""The most concurrent requests --concurrency may name."""
 DEFAULT_TRITON_RELEASE = "26.07"
 """--triton-release's default: the `ARG RELEASE` docker/Dockerfile builds on, a row of records/triton_releases.py
 (tests keep the three equal). Its PyTorch backend's torch is the minor this project is developed with."""
@@ -40,6 +42,7 @@ class ExportSettings:
     output_names: list[str] = _opt([], "--output-names", "Output names, comma-separated or repeated (default output__0, output__1, ...).", multiple=True, metavar="NAMES", group="Model")
     batching: bool = _opt(True, "--batching", "Axis 0 of every tensor is the batch axis (--no-batching for models that do not batch).", secondary="--no-batching", group="Model")
     samples: str | None = _opt(None, "--samples", "An .npz of real inputs (keys are input names, or NAME.K for several recorded requests).", metavar="FILE", group="Model")
+    traffic: str | None = _opt(None, "--traffic", "The requests the model will serve, as perf_analyzer's --input-data JSON (one entry per request, each with its own \"shape\"): profiling, the served search and validate send them in their ratios (default: the requests in --samples, else a generated spread of every dynamic axis, log-uniform over its range).", metavar="FILE", group="Model")
     repository: str = _opt("model_repository", "--repository", "The Triton model repository to publish into: a folder (created if missing) or s3://BUCKET/PREFIX, s3://HOST:PORT/BUCKET/PREFIX (endpoint and credentials as for the aws CLI).", metavar="DIR|URL", group="Publish")
     name: str | None = _opt(None, "--name", "Model name in the repository (default: from MODEL).", metavar="NAME", group="Publish")
     version: int | None = _opt(None, "--version", "Add this version to an existing model, leaving its other versions alone.", metavar="N", group="Publish")
@@ -70,7 +73,7 @@ class ExportSettings:
     cache: bool = _opt(True, "--cache", "Reuse builds and measurements of an identical earlier run (--no-cache rebuilds and re-measures everything).", secondary="--no-cache", group="Measurement")
     cache_dir: str | None = _opt(None, "--cache-dir", "The one cache root: builds, measurements, TensorRT timing caches and the local tritonserver's home (default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
     serve_search: str = _opt("on", "--serve-search", "on: choose max batch, preferred sizes, queue delay and instances by measuring variants in the local tritonserver with perf_analyzer; off: publish the in-process rules.", choices=("on", "off"), group="Serving")
-    concurrency: int | None = _opt(None, "--concurrency", "The load the served config is tuned for: N concurrent requests (default: none; with --latency-budget-ms the most throughput within the budget at any load, else the config closest to the best at every load of a ladder 4, 16, 64, ... measured per variant).", metavar="N", group="Serving")
+    concurrency: int | str | None = _opt(None, "--concurrency", "The load the served config is tuned for: N concurrent requests, or LOW:HIGH for every load of that range (default: none; with --latency-budget-ms the most throughput within the budget at any load, else the config whose worst score over the loads 1, 4, 16, 64, ... is highest, a load's score weighing its throughput and its p95 latency against the best variant there).", metavar="N|LOW:HIGH", group="Serving")
     serve_search_seconds: float | None = _opt(None, "--serve-search-seconds", "Time the served search may take, server start included; it stops with the best variant measured so far (default: 40% of the tuning time, at least 90 s). Repeating measurements other processes' load reached adds up to a quarter.", metavar="SECONDS", group="Serving")
     url: str | None = _opt(None, "--url", "Run the served search on this running Triton (HOST:PORT, started with --model-control-mode=explicit) instead of the bundled one: each variant is loaded there under a private name with its config and the model's files in the request (no shared disk needed) and unloaded afterwards; the published repository is written as usual.", metavar="HOST:PORT", group="Serving")
     protocol: str = _opt("http", "--protocol", "How the served search talks to --url: http or grpc (the port must speak it). The bundled server is always measured over gRPC (Model Analyzer's default client protocol; perf_analyzer 2.51 over HTTP hung at concurrency 64 here).", choices=("http", "grpc"), group="Serving")
@@ -96,10 +99,28 @@ class ExportSettings:
             raise SettingsError(f"--max-batch-size {value} must be from 1 to {MAX_BATCH_SIZE_LIMIT} (Triton's int32), or 'auto'.")
         return value
 
+    def load(self) -> tuple[int | None, tuple[int, int] | None]:
+        """--concurrency as (one load, None) or (None, (low, high)); (None, None) when not given."""
+        if self.concurrency is None:
+            return None, None
+        text = str(self.concurrency).strip()
+        low, sep, high = text.partition(":")
+        try:
+            values = [int(low)] + ([int(high)] if sep else [])
+        except ValueError:
+            raise SettingsError(f"--concurrency {text!r} is not N or LOW:HIGH; give the concurrent requests the config is for, "
+                                "e.g. 16, or a range such as 1:64.") from None
+        if not all(1 <= v <= MAX_CONCURRENCY for v in values):
+            raise SettingsError(f"--concurrency {text} must be from 1 to {MAX_CONCURRENCY} concurrent requests.")
+        if len(values) == 1 or values[0] == values[1]:
+            return values[0], None
+        if values[0] > values[1]:
+            raise SettingsError(f"--concurrency {text}: LOW is above HIGH; give the range as LOW:HIGH, e.g. {values[1]}:{values[0]}.")
+        return None, (values[0], values[1])
+
     def check_serving(self) -> None:
         """--concurrency and --serve-search-seconds as numbers the search can use."""
-        if self.concurrency is not None and not 1 <= int(self.concurrency) <= 4096:
-            raise SettingsError(f"--concurrency {self.concurrency} must be from 1 to 4096 concurrent requests.")
+        self.load()
         if self.serve_search_seconds is not None and not self.serve_search_seconds > 0:
             raise SettingsError(f"--serve-search-seconds {self.serve_search_seconds:g} must be positive; use --serve-search off to skip the search.")
         if not self.wait_for_cores_s >= 0:

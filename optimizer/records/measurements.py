@@ -101,6 +101,8 @@ class MaxBatchDecision:
     measured_max: int = 0  # the max batch as measured, when it was measured on fewer cores and scaled (0: not scaled)
     scaled_by: float = 1.0  # available cores / measured cores (task/core_share.py)
     fit_checked: list[int] = field(default_factory=list)  # past a saturation stop, run once each to check they fit (not profiled)
+    tail: BatchProfile | None = None  # the traffic's p90 request, tiled to the peak batch (None: the traffic has one shape)
+    fit_shape: str = ""  # the request shape the fit checks ran at (the traffic's largest), when it is not the profiled one
 
     @property
     def best(self) -> BatchProfile:
@@ -149,6 +151,8 @@ class MaxBatchDecision:
             "measured_max": self.measured_max,
             "scaled_by": self.scaled_by,
             "fit_checked": list(self.fit_checked),
+            "tail": self.tail.to_json() if self.tail else None,
+            "fit_shape": self.fit_shape,
             "explanation": self.explanation,
         }
 
@@ -170,4 +174,6 @@ class MaxBatchDecision:
             measured_max=d.get("measured_max", 0),
             scaled_by=d.get("scaled_by", 1.0),
             fit_checked=list(d.get("fit_checked", [])),
+            tail=BatchProfile.from_json(d["tail"]) if d.get("tail") else None,
+            fit_shape=d.get("fit_shape", ""),
         )

@@ -39,6 +39,7 @@ class TuneResult:
     comparison: dict[str, Any] | None = None  # task/paired.PairedComparison: a close call re-measured in pairs
     triton_release: dict[str, Any] | None = None  # task/release_gate.ReleaseGate.to_json(): the target release's facts and checks
     measured_on: dict[str, Any] | None = None  # task/core_share.CoreShare.to_json(): the cores every measurement ran on, and why
+    traffic: dict[str, Any] | None = None  # records/traffic.TrafficSummary.to_json(): the traffic the run was tuned for
     precision: dict[str, Any] | None = None  # --precision other than fp32: requested, the candidates' precisions, what auto left out and why, the gate's budget
 
     @property

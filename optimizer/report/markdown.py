@@ -92,6 +92,7 @@ def render_markdown(
         _candidates(result),
         precision_section(result),
         _max_batch(result, ((published or {}).get("config") or {}).get("max_batch_size")),
+        traffic_section(result.traffic),
         served_search_section((published or {}).get("served_search"), plots.get("served_search")),
     ]
     if validation is not None:
@@ -128,6 +129,27 @@ def _summary(result: TuneResult, settings: dict[str, Any], published: dict[str, 
     lines.append(f"Inputs {tensors}; outputs {outs}" + ("" if sig.get("batching", True) else "; no batching") + ".")
     if settings:
         lines.append("Replay this run with `aitune-export export --config settings.toml` (beside report.json).")
+    return "\n".join(lines)
+
+
+TRAFFIC_ROWS = 12
+"""The traffic histogram's rows in report.md (report.json keeps every shape)."""
+
+
+def traffic_section(traffic: dict[str, Any] | None) -> str:
+    """"## Traffic": where the requests came from, their representative shapes and the histogram of their shapes."""
+    from optimizer.records.traffic import TrafficSummary
+
+    summary = TrafficSummary.from_json(traffic)
+    if summary is None:
+        return ""
+    lines = ["## Traffic", "", f"Tuned for {_cell(summary.describe())}. In-process profiling measured the median request, the p90 request "
+             "at the peak batch and whether batches of the largest fit; the served search and `validate` send the requests in their ratios.", ""]
+    rows = [[_cell(label), str(count), f"{100 * count / max(1, summary.requests):.0f}%"] for label, count in summary.histogram[:TRAFFIC_ROWS]]
+    if len(summary.histogram) > TRAFFIC_ROWS:
+        rest = sum(c for _, c in summary.histogram[TRAFFIC_ROWS:])
+        rows.append([f"{len(summary.histogram) - TRAFFIC_ROWS} other shapes", str(rest), f"{100 * rest / max(1, summary.requests):.0f}%"])
+    lines.append(_table(["request shape", "requests", "share"], rows))
     return "\n".join(lines)
 
 

@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 """2: a decision carries the throughput peak and the largest batch that fit (older ones published past the peak); 3: past
-a saturation stop, the batches run once to check they fit (older ones leave the served search fewer maxima)."""
+a saturation stop, the batches run once to check they fit (older ones leave the served search fewer maxima); 4: profiled at
+the traffic's median request, fit checked at its largest, with the p90 request at the peak."""
 TRUSTED_CONTENTION = 0.25
 """A measurement taken while other processes used more than this share of the CPU is not reused."""
 

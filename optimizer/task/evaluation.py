@@ -15,7 +15,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +196,8 @@ def _gated_report(runner: Any, job: BuildJob, signature: Signature, feeds: list[
     return report
 
 
+TAIL_PROFILE = {"stable_windows": 2, "time_cap_s": 1.0}
+"""The p90 request at the peak is a figure for the report, not a decision: two stable windows, a second at most."""
 FIT_CHECK_MEMORY_SHARE = 0.5
 """The fit check past a saturation stop runs batches never profiled: it may take this share of the memory the machine has
 available, so a batch that would push the machine into swap or the OOM killer (which would end the candidate) is not run."""
@@ -244,7 +246,9 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         return _failed(cand, "load", f"load failed: {first_line(err)}")
     t0 = time.perf_counter()
     try:
-        base = load_feeds(Path(job.profile_feed))[0]
+        profile_feeds = load_feeds(Path(job.profile_feed))
+        base, largest = profile_feeds[0], profile_feeds[-1]  # the traffic's median request (the curve), its largest (fit)
+        tail = profile_feeds[1] if len(profile_feeds) > 2 else base
         runner.infer(tile_feed(base, 1) if signature.batching else base)  # load the runtime before the limit
         limit_mb = None
         if job.memory_budget_mb:
@@ -269,15 +273,15 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             return prof
 
         def fits(batch: int) -> float:
-            """Past a saturation stop, does `batch` fit? One checked inference (the first at a shape may compile), then the
-            milliseconds of a second."""
+            """Does `batch` of the traffic's largest request fit? One checked inference (the first at a shape may compile),
+            then the milliseconds of a second."""
             if job.deadline and time.time() > job.deadline:
                 raise TimeBudgetExceeded("the time budget ran out")
             if (room := _host_room_mb(limit_mb)) is not None and batch > (estimate_ceiling(partial, room) or batch):
                 raise OutOfMemory(f"batch {batch}: peak memory's growth over the profiled batches would pass the {room:.0f} MB there is room for")
             release_device_memory(cand.device)
             with _allocation_failure_as_out_of_memory(cand, batch):
-                feed = tile_feed(base, batch)
+                feed = tile_feed(largest, batch)
                 runner.infer(feed)
                 t = time.perf_counter()
                 runner.run_unchecked(feed)
@@ -287,6 +291,16 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
 
         try:
             decision = find_max_batch_size(measure_batch, policy, signature.batching, fits)
+            if decision.profiles and signature.batching and _shape_of(largest) != _shape_of(base):
+                decision = fit_at_largest(decision, fits, _shape_of(largest))
+            if decision.profiles and _shape_of(tail) != _shape_of(base) and not (job.deadline and time.time() > job.deadline):
+                at = decision.peak or decision.max_batch_size or 1
+                feed = tile_feed(tail, at) if signature.batching else tail
+                with _allocation_failure_as_out_of_memory(cand, at):
+                    runner.infer(feed)
+                    decision.tail = measure_settled(lambda: runner.run_unchecked(feed), at if signature.batching else 1, replace(settings, **TAIL_PROFILE))
+        except OutOfMemory:
+            decision.tail = None  # the p90 request at the peak did not fit: the fit check has already bounded the max
         except Exception as err:
             log.exception("%s | measurement failed", cand.name)
             return _failed(cand, "measure", f"measurement failed: {first_line(err)}")
@@ -300,6 +314,35 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
         return cand.to_json()
     finally:
         runner.__exit__(None, None, None)
+
+
+def _shape_of(feed: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(a.shape) for a in feed.values())
+
+
+def fit_at_largest(decision: MaxBatchDecision, fits: Any, shape: tuple[tuple[int, ...], ...]) -> MaxBatchDecision:
+    """The curve was profiled at the traffic's median request: check that the largest batch said to fit also fits the
+    traffic's largest request, halving it (and the max and peak with it) until one does."""
+    largest = decision.largest_fit or decision.max_batch_size
+    size = largest
+    while size >= 1:
+        try:
+            fits(size)
+            break
+        except OutOfMemory:
+            size //= 2
+        except TimeBudgetExceeded:
+            return decision
+    decision.fit_shape = " x ".join("x".join(map(str, s[1:])) or "scalar" for s in shape)
+    if size < largest:
+        size = max(size, 1)
+        decision.largest_fit = size
+        decision.fit_checked = [b for b in decision.fit_checked if b <= size]
+        if decision.max_batch_size > size:
+            decision.max_batch_size, decision.decided_by = size, "memory"
+            decision.first_failure = decision.first_failure or 2 * size
+        decision.peak = min(decision.peak, size) if decision.peak else decision.peak
+    return decision
 
 
 @contextmanager

@@ -13,9 +13,13 @@ from typing import Any, Iterable
 import numpy as np
 
 from optimizer.errors import ValidationError
+from optimizer.model.samples import Feed, load_feeds
+from optimizer.model.signature import Signature
+from optimizer.model.traffic import Traffic
+from optimizer.records.tune_result import TuneResult
 
-MAX_INPUT_ENTRIES = 32
-"""perf_analyzer cycles through the entries round-robin; a few dozen real samples are plenty."""
+MAX_INPUT_ENTRIES = 64
+"""perf_analyzer cycles through the entries round-robin: the traffic's subsample (model/traffic.SENT_REQUESTS) fits."""
 
 
 def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batching: bool, max_entries: int = MAX_INPUT_ENTRIES) -> Path:
@@ -51,3 +55,22 @@ def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batchin
         json.dump({"data": entries}, tmp)
     os.replace(tmp.name, path)  # two writers never interleave; a reader never sees half a file
     return path
+
+
+def traffic_requests(result: TuneResult, padding: dict[str, Any] | None = None) -> tuple[list[Feed], str]:
+    """The requests every served measurement sends, batch-1 each, in the exported names: the run's traffic (padded to the
+    bucket edges of `padding`, the served search's client_padding, when clients are told to pad), subsampled so every
+    shape keeps its share; and a line saying what they are. A report written before traffic was recorded: the profiled
+    sample."""
+    path = result.reference.traffic
+    if not path or not Path(path).is_file():
+        feeds = load_feeds(Path(result.reference.profile_feed))[:1]
+        return feeds, "the profiled sample"
+    signature = Signature.from_json(result.signature)
+    summary = result.traffic or {}
+    traffic = Traffic(tuple(load_feeds(Path(path))), summary.get("source", "file"), summary.get("origin", "the traffic"))
+    if padding:
+        traffic = traffic.padded(signature, list(padding["edges"]))
+    sent = traffic.sent()
+    shapes = len({tuple(a.shape for a in f.values()) for f in sent})
+    return sent, f"{traffic.origin} ({len(sent)} of {len(traffic.requests)} requests sent round-robin, {shapes} shape{'s' if shapes != 1 else ''})"
