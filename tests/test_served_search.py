@@ -88,7 +88,7 @@ def test_the_coarse_pass_covers_layouts_by_the_peak_2x_4x_and_the_largest_fit_wi
     assert all(p.queue_delay_us == 0 and p.preferred == () for p in grid)  # Model Analyzer's batcher defaults
     assert [p.max_batch_size for p in grid[:2]] == [8, 8]  # every layout at the peak before other sizes
     no_load = [p.max_batch_size for p in coarse_grid(space(peak=256, largest_fit=256))]
-    assert no_load == [4, 4, 16, 16, 64, 64, 256, 256]  # no load: the start measured the peak's row, smaller maxima first
+    assert no_load == [1, 1, 4, 4, 16, 16, 64, 64, 256, 256]  # no load: the start measured the peak's row, smaller maxima first
 
 
 def test_a_users_max_is_never_changed_and_the_largest_fit_never_exceeded():
@@ -102,10 +102,11 @@ def test_a_users_max_is_never_changed_and_the_largest_fit_never_exceeded():
 def test_with_no_load_the_coarse_pass_has_a_max_each_load_of_the_ladder_fills():
     """A padding backend computes max_batch_size rows whatever arrives: a peak of 256 alone would leave the ladder's
     concurrency 4 nothing it can fill."""
-    assert max_batches(space(peak=256, largest_fit=256)) == [4, 16, 64, 256]
-    assert max_batches(space(peak=2, largest_fit=8)) == [2, 4, 8]  # never above the largest fit
-    assert max_batches(space(peak=4, largest_fit=8)) == [2, 4, 8]  # a smaller max fills a pass the caps left short
-    assert max_batches(space(peak=8, largest_fit=64)) == [4, 8, 16, 64]  # the peak and 2x stay
+    assert max_batches(space(peak=256, largest_fit=256)) == [1, 4, 16, 64, 256]  # max 1 for the lone client
+    assert max_batches(space(peak=2, largest_fit=8)) == [1, 2, 4, 8]  # never above the largest fit
+    assert max_batches(space(peak=4, largest_fit=8)) == [1, 4, 8]
+    assert max_batches(space(peak=8, largest_fit=64)) == [1, 4, 8, 16, 64]  # the peak and 2x stay
+    assert max_batches(space(peak=8, largest_fit=64, loads=(4, 16))) == [4, 8, 16, 64]  # a range's own loads
     assert max_batches(space(peak=1, largest_fit=1)) == [1]
 
 
@@ -135,7 +136,8 @@ def test_a_fill_delay_is_tried_only_where_the_lightest_load_left_batches_unfille
     point = OperatingPoint(8, (), 0, 1, 2)
 
     def measured(batch: float | None, p50: float = 4.0, at: int = 4) -> ServedVariant:
-        return ServedVariant(point, "coarse", curve=[LoadLevel(at, 500.0, p50, p50, p50, p50, batch), LoadLevel(16, 900.0, 9, 9, 9, 9, 4.0)])
+        lone = [LoadLevel(1, 200.0, 2, 2, 2, 2, 1.0)] if at > 1 else []  # a lone client first, as the ladder measures it
+        return ServedVariant(point, "coarse", curve=[*lone, LoadLevel(at, 500.0, p50, p50, p50, p50, batch), LoadLevel(16, 900.0, 9, 9, 9, 9, 4.0)])
 
     assert fill_delay_us(measured(1.9), space()) == 1000  # 4 ms at the lightest load, 4 in flight for max 8: 1000 us
     assert OperatingPoint(8, (), 1000, 1, 2) in refinements(point, space(), set(), fill_delay_us(measured(1.9), space()))
@@ -143,7 +145,8 @@ def test_a_fill_delay_is_tried_only_where_the_lightest_load_left_batches_unfille
     assert fill_delay_us(replace(measured(1.9, at=16), point=replace(point, instances=2)), space()) == 3000  # 8 an instance
     assert fill_delay_us(replace(measured(1.9, at=8), point=replace(point, instances=2)), space()) == 1000  # 4 an instance
     assert fill_delay_us(measured(3.8), space()) is None  # the batch already filled
-    assert fill_delay_us(measured(1.0, at=1), space()) is None  # one request at a time can form nothing larger
+    lone = ServedVariant(point, "coarse", curve=[LoadLevel(1, 200.0, 2, 2, 2, 2, 1.0)])
+    assert fill_delay_us(lone, space()) is None  # one request at a time can form nothing larger
     assert fill_delay_us(measured(1.2, p50=400.0), space()) == 20000  # bounded
     assert fill_delay_us(measured(1.2, p50=0.1), space()) == 400  # never shorter than twice the rules' delay (200 us here)
     # with a target load, none for a max that holds every request of it: at one client fewer each batch waits it out
@@ -180,9 +183,10 @@ def test_a_given_load_is_measured_there_only():
 
 
 def test_with_no_load_every_variant_climbs_one_ladder_until_throughput_stops_growing():
-    assert _sweep(Objective(), _saturating, 2) == [4, 16, 64]  # 16 served more than 4, 64 no more than 16
-    assert _sweep(Objective(), _saturating, 64) == [4, 16, 64]  # the seed does not move the ladder: curves compare load by load
-    assert _sweep(Objective(), lambda c: level(c, 10.0 * c), 2) == [4, 16, 64, 256]  # still growing: up to the cap
+    assert _sweep(Objective(), _saturating, 2) == [1, 4, 16, 64]  # from a lone client; 16 served more than 4, 64 no more than 16
+    assert _sweep(Objective(), _saturating, 64) == [1, 4, 16, 64]  # the seed does not move the ladder: curves compare load by load
+    assert _sweep(Objective(), lambda c: level(c, 10.0 * c), 2) == [1, 4, 16, 64, 256]  # still growing: up to the cap
+    assert _sweep(Objective(), lambda c: level(c, 100.0), 2) == [1, 4, 16]  # a lone client and two steps up, always
     knee, meets = Objective().score([_saturating(c) for c in (2, 4, 8, 16)])
     assert knee is not None and knee.concurrency == 8 and meets  # the smallest load that serves the peak
 
@@ -377,7 +381,8 @@ def test_the_search_covers_the_grid_and_publishes_the_best_point_it_measured(mon
     assert run.best.point in measured
     assert len(measured) >= 12 and not loader.loaded  # every variant was unloaded
     assert loader.max_loaded <= search_module.LOAD_GROUP
-    assert any(v.stage == "base" and v.concurrency == 1 for v in search.variants)  # the anchor of validate's prediction
+    chosen = next(v for v in search.variants if v.point == run.best.point)
+    assert chosen.level(1) is not None  # the anchor of validate's prediction: the ladder measures a lone client
 
 
 @pytest.mark.parametrize("filled", [True, False])
@@ -579,7 +584,7 @@ def _padded_to_max(point: OperatingPoint, c: int) -> LoadLevel:
 def test_with_no_load_the_search_publishes_a_max_that_holds_up_at_light_loads_too(monkeypatch, tmp_path: Path):
     run, search, _, _ = _run(monkeypatch, tmp_path, _padded_to_max, SearchRequest(tmp_path), decision_largest=8)
     measured = [v for v in search.variants if v.status == "measured" and v.stage != "base"]
-    assert {lv.concurrency for v in measured for lv in v.curve} <= {4, 16, 64, 256}  # one ladder for every variant
+    assert {lv.concurrency for v in measured for lv in v.curve} <= {1, 4, 16, 64, 256}  # one ladder for every variant
     assert {v.point.max_batch_size for v in measured} >= {4, 8}
     # a max up to 4 fills at the ladder's lightest load; 8 pads there, and its sustained peak (the same 1000/s) hides it
     assert run.best.point.max_batch_size <= 4 and run.best.point in {v.point for v in measured}
@@ -636,9 +641,9 @@ def test_time_left_after_the_best_two_goes_to_the_others_that_could_still_win(mo
 
 
 def _fills_with_a_delay(point: OperatingPoint, c: int) -> LoadLevel:
-    """A made-up server where batches up to 2 fill at every load, while a larger max without a delay of at least 400 us
+    """A made-up server where batches up to 4 fill at every load, while a larger max without a delay of at least 400 us
     runs batches of 1 at concurrency 4 (c // 4 above it); 1 to 8 rows per execution serve 1000 to 2300/s."""
-    fills = point.queue_delay_us >= 400 or point.max_batch_size <= 2
+    fills = point.queue_delay_us >= 400 or point.max_batch_size <= 4
     formed = min(max(1, point.max_batch_size), c if fills else (1 if c <= 4 else c // 4))
     rate = {1: 1000.0, 2: 1800.0, 4: 2200.0, 8: 2300.0}[formed] * (0.9 if point.instances == 2 else 1.0)
     lat = 1000.0 * c / rate
@@ -664,7 +669,7 @@ def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_fail
     above them; their fill delay is what lifts them to the best at every load, and it is tried first.
     Why: the bundled CNN under bursts had published max 2 at 0.76x of the quiet choice, max 4's 800 us delay untried."""
     served = _one_second_a_level(monkeypatch, _fills_with_a_delay)
-    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=45.0, baseline=0.0)
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=30.0, baseline=0.0)
     assert "ran out" in stopped  # the budget bounds the search: which refinements it measured is the order's doing
     first = next(v for v in search.variants if v.stage == "refine")
     assert first.point.max_batch_size > 2 and first.point.queue_delay_us >= 400 and first.level(4).server_batch == 4
@@ -708,7 +713,7 @@ def test_with_no_load_a_search_out_of_time_in_the_coarse_pass_measures_the_likel
     time in the coarse pass and published max 2 at 0.75x of the quiet choice."""
     monkeypatch.setattr(search_module.SearchRun, "_settle_reserve", lambda self: 10.0)
     served = _one_second_a_level(monkeypatch, _fills_with_a_delay)
-    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=20.0, baseline=0.0)
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=25.0, baseline=0.0)
     assert "ran out" in stopped
     order = [v.stage for v in search.variants]
     gain = next(v for v in search.variants if v.stage == "refine")
@@ -732,7 +737,7 @@ def test_with_no_load_a_padding_backend_measures_maxima_up_to_8_before_larger_on
     coarse pass measures maxima up to 8 first (16 and 32, which pad the ladder's load of 4 4-8x, wait for the time left
     after the refinement; this budget ends before them) and publishes max 8. The bundled transformer had spent 4 of 13 variants on 16 and 32 and published max 4 at 0.60x at its worst load."""
     served = _one_second_a_level(monkeypatch, _padding_with_a_batching_gain)
-    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=32, budget_s=45.0,
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=32, budget_s=55.0,
                                    baseline=0.0, start_max=1, pads=pads)
     coarse = [v.point.max_batch_size for v in search.variants if v.stage == "coarse"]
     if pads:
@@ -772,7 +777,7 @@ def test_a_load_that_fails_after_the_first_ends_the_sweep_and_the_measured_loads
 
     run, search, _, _ = _run(monkeypatch, tmp_path, times_out_above_16, SearchRequest(tmp_path))
     start = search.variants[0]
-    assert start.status == "measured" and [lv.concurrency for lv in start.curve] == [4, 16]
+    assert start.status == "measured" and [lv.concurrency for lv in start.curve] == [1, 4, 16]
     assert "stopped climbing at concurrency 64: perf_analyzer did not finish" in start.reason and run.best is not None
 
 
@@ -1009,3 +1014,5 @@ def test_a_padding_backend_is_never_refined_with_a_preferred_size_below_its_max(
     padded = refinements(best, space(peak=4, pads=True, concurrency=16), {best})
     assert padded and all(not p.preferred for p in padded)  # the rules' delay is still tried
     assert any(p.preferred == (4,) for p in refinements(best, space(peak=4, concurrency=16), {best}))  # a backend that does not pad
+
+

@@ -13,9 +13,15 @@ from typing import Any
 SEARCH_STATUSES = ("searched", "skipped", "off")
 """searched: measured in a tritonserver; skipped: it could not serve this artifact (reason says why); off: not asked."""
 
-OBJECTIVES = ("concurrency", "latency", "max-throughput")
+OBJECTIVES = ("concurrency", "latency", "range", "any-load")
 """concurrency: the most throughput at --concurrency N; latency: the most throughput at any load whose percentile latency
-meets --latency-budget-ms; max-throughput (no load given): the variant closest to the best at every load of one ladder (objective.robust_ratios)."""
+meets --latency-budget-ms; range (--concurrency LOW:HIGH) and any-load (no load given): the variant whose worst score
+(throughput and latency against the best) over a ladder of loads is highest (objective.robust_ratios)."""
+
+OBJECTIVE_SENTENCE = ("With no load given, the published config is the one whose worst score over the loads 1, 4, 16, 64, ... "
+                      "concurrent requests is highest, a load's score being the geometric mean of its throughput and its p95 "
+                      "latency, each relative to the best variant at that load.")
+"""The default objective in one sentence: the README, the docs and report.md say it."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class OperatingPoint:
     queue_delay_us: int
     instances: int = 1
     threads: int | None = None
+    candidate: str = ""  # another candidate of the run than the selected one (a backend of the other kind); "" for the selected
 
     @property
     def label(self) -> str:
@@ -43,12 +50,15 @@ class OperatingPoint:
 
     def differences(self, other: OperatingPoint) -> dict[str, list[Any]]:
         """Field -> [this value, other's value] for every field that differs (how a variant differs from the published point)."""
-        mine, theirs = self.to_json(), other.to_json()
-        return {k: [mine[k], theirs[k]] for k in mine if mine[k] != theirs[k]}
+        mine, theirs = asdict(self), asdict(other)
+        return {k: [list(mine[k]) if k == "preferred" else mine[k], list(theirs[k]) if k == "preferred" else theirs[k]]
+                for k in mine if mine[k] != theirs[k]}
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["preferred"] = list(self.preferred)
+        if not self.candidate:
+            del d["candidate"]
         return d
 
     @classmethod
@@ -65,7 +75,8 @@ def point_label(point: dict[str, Any] | None) -> str:
     pref = ",".join(map(str, point.get("preferred") or ())) or "-"
     threads = point.get("threads")
     layout = f"{point.get('instances', 1)}x{threads}t" if threads else f"{point.get('instances', 1)} inst"
-    return f"max {point.get('max_batch_size')} pref [{pref}] delay {point.get('queue_delay_us')}us {layout}"
+    label = f"max {point.get('max_batch_size')} pref [{pref}] delay {point.get('queue_delay_us')}us {layout}"
+    return f"{point['candidate']}: {label}" if point.get("candidate") else label
 
 
 @dataclass
@@ -111,6 +122,7 @@ class ServedVariant:
     server_batch: float | None = None
     seconds: float = 0.0  # load + warm-up + measurement
     differs: dict[str, list[Any]] = field(default_factory=dict)  # filled in at the end: field -> [this, published]
+    traffic: str = ""  # "" the traffic as it comes; "padded": every request padded to the bucket edges (padding.py)
 
     def level(self, concurrency: int) -> LoadLevel | None:
         """The curve's measurement at `concurrency`, if it was measured."""
@@ -171,18 +183,28 @@ class ServedSearch:
     cached_from: str = ""  # when the reused measurements were taken (UTC, ISO 8601); "" when they were taken in this run
     remeasured: int = 0  # measurements taken again because other processes' load rose while they ran (run.py: DISTURBED)
     retried_s: float = 0.0  # seconds those repeats took, waiting included: added to the budget (run.py: REMEASURE_SHARE)
+    client_padding: dict[str, Any] | None = None  # padding.PaddingTrial.to_json(): advised (clients pad to its edges) or why not
+    kinds: str = ""  # which candidate of the other kind (padding or not) entered the search, or why none did
+    candidate: str = ""  # the candidate the published variant serves ("" the selected one)
+
+    @property
+    def padded(self) -> bool:
+        """Whether clients are told to pad their requests to the bucket edges (and the published variant was measured so)."""
+        return bool(self.client_padding and self.client_padding.get("advised"))
 
     @property
     def chosen_variant(self) -> ServedVariant | None:
         """The published point's latest scored measurement (a settle round may have measured it again; the base measurement
         at one request at a time only anchors validate's prediction)."""
-        return next((v for v in reversed(self.variants) if v.point == self.chosen and v.status == "measured" and v.stage != "base"), None)
+        mark = "padded" if self.padded else ""
+        return next((v for v in reversed(self.variants)
+                     if v.point == self.chosen and v.status == "measured" and v.stage != "base" and v.traffic == mark), None)
 
     def counts(self) -> tuple[int, int]:
         """(distinct configs the search tried, measurements of one of them again: a close call's settling, the lone
         request of validate's anchor). Why apart: "14 variants" had counted the settling's and the anchor's rows as
         configs of their own."""
-        again = {"settle", "base"}
+        again = {"settle", "base", "padded"}
         return len({v.point for v in self.variants if v.stage not in again}), sum(v.stage in again for v in self.variants)
 
     def count_text(self) -> str:

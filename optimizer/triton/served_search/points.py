@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from optimizer.records.measurements import MaxBatchDecision
-from optimizer.records.served_search import OperatingPoint, ServedVariant
-from optimizer.triton.served_search.objective import LADDER_START, LADDER_STEP, MAX_SWEEP_CONCURRENCY
+from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedVariant
+from optimizer.triton.served_search.objective import ladder
 
 THROUGHPUT_NOISE = 0.03
 """perf_analyzer's spread between windows on a shared CPU machine: a variant must serve this much more to count as better."""
@@ -49,7 +49,7 @@ SAME_DELAY = 0.25
 a variant measured, so each of the bundled CNN's max 4 variants proposed its own (2700, 2800 and 3000 us), and three of
 its 14 variants measured one config again."""
 FILL_DELAY_MAX_US = 20000
-PADDED_FIRST = 2 * LADDER_START
+PADDED_FIRST = 8
 """With no load given, a backend that pads (openvino) has its maxima up to this measured (and refined) before larger ones:
 at the ladder's first load of 4 a max of 16 computes 16 rows for 4 requests, so it cannot hold up at every load. On the
 bundled transformer the coarse pass spent 4 of its 13 variants on maxima 16 and 32 (0.08-0.22x the best at 4), and the
@@ -78,10 +78,12 @@ class SearchSpace:
     batching: bool = True  # False: the model does not batch (max_batch_size 0): only the instance layout varies
     layout: tuple[int, int | None] | None = None  # beside other processes' load: the one layout measured (see HELD_LAYOUT)
     pads: bool = False  # the backend computes max_batch_size rows for every execution (openvino): see PADDED_FIRST
+    loads: tuple[int, ...] = ()  # the loads a robust objective scores (objective.Objective.loads); () for one load or a budget
 
     @classmethod
     def of(cls, decision: MaxBatchDecision | None, start: OperatingPoint, cores: int, gpu: bool, concurrency: int = 0,
-           user_max: int | None = None, beside_load: bool = False, rules_delay_us: int | None = None, pads: bool = False) -> SearchSpace:
+           user_max: int | None = None, beside_load: bool = False, rules_delay_us: int | None = None, pads: bool = False,
+           loads: tuple[int, ...] = ()) -> SearchSpace:
         """The space around the rules' start point; `user_max` is --max-batch-size when the user gave one; `beside_load`:
         other processes kept cores busy as the search began (then the start's layout is held, see HELD_LAYOUT);
         `rules_delay_us`: the rules' queue delay when the start cannot carry one (max 1).
@@ -103,7 +105,7 @@ class SearchSpace:
             peak, delay = decision.peak, rules_delay_us or 0
         layout = (start.instances, start.threads) if beside_load and not gpu else None
         return cls(max(1, min(peak, largest)), max(1, largest), fixed, max(1, cores), gpu, concurrency, delay,
-                   start.max_batch_size > 0, layout, pads)
+                   start.max_batch_size > 0, layout, pads, tuple(loads))
 
 
 def seed_concurrency(start: OperatingPoint) -> int:
@@ -139,7 +141,7 @@ def max_batches(space: SearchSpace) -> list[int]:
         return [space.fixed_max]
     cap = min(space.largest_fit, space.concurrency) if space.concurrency else space.largest_fit
     if not space.concurrency:  # no load given: a max each load of the ladder fills, besides the peak, 2x and the largest
-        sizes = {max(1, min(b, cap)) for b in (space.peak, 2 * space.peak, space.largest_fit, *ladder_loads(cap))}
+        sizes = {max(1, min(b, cap)) for b in (space.peak, 2 * space.peak, space.largest_fit, *ladder_loads(cap, space.loads))}
         if space.pads:  # and the largest a padding backend measures first (PADDED_FIRST)
             sizes.add(min(PADDED_FIRST, cap))
     else:
@@ -151,13 +153,9 @@ def max_batches(space: SearchSpace) -> list[int]:
     return sorted(sizes)
 
 
-def ladder_loads(cap: int) -> list[int]:
-    """The ladder's loads (objective.py) up to `cap`."""
-    loads, c = [], LADDER_START
-    while c <= min(cap, MAX_SWEEP_CONCURRENCY):
-        loads.append(c)
-        c *= LADDER_STEP
-    return loads
+def ladder_loads(cap: int, loads: tuple[int, ...] = ()) -> list[int]:
+    """The objective's ladder (objective.ladder when it has none of its own) up to `cap`."""
+    return [c for c in (loads or tuple(ladder())) if c <= cap]
 
 
 def coarse_grid(space: SearchSpace) -> list[OperatingPoint]:
@@ -230,9 +228,9 @@ def fill_delay_us(v: ServedVariant, space: SearchSpace) -> int | None:
     delay held up at 12-20 (625-708/s): 16 clients hold two batches of 8. With no load given the ladder's lightest load
     is the least it is scored at and heavier loads fill the max from the excess, so there the delay stays (report.md
     says what a lone request pays for it)."""
-    if not space.batching or v.point.max_batch_size <= 1 or not v.curve:
+    light = fill_level(v)
+    if not space.batching or v.point.max_batch_size <= 1 or light is None:
         return None
-    light = v.curve[0]
     could = min(v.point.max_batch_size, -(-light.concurrency // v.point.instances))  # c in flight share the instances
     if light.server_batch is None or could <= 1 or light.server_batch >= 0.9 * could:
         return None
@@ -241,6 +239,11 @@ def fill_delay_us(v: ServedVariant, space: SearchSpace) -> int | None:
     share = FILL_FULL_SHARE if could == v.point.max_batch_size else FILL_DELAY_SHARE
     delay = min(FILL_DELAY_MAX_US, max(100, 2 * space.rules_delay_us, int(round(light.p50_ms * 1000 * share, -2))))
     return delay if delay > v.point.queue_delay_us else None
+
+
+def fill_level(v: ServedVariant) -> LoadLevel | None:
+    """The lightest level measured where requests could meet in a batch (a lone client never forms one)."""
+    return next((lv for lv in v.curve if lv.concurrency >= 2), None)
 
 
 def delay_tried(point: OperatingPoint, measured: set[OperatingPoint]) -> bool:

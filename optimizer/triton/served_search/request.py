@@ -7,7 +7,6 @@ from pathlib import Path
 
 from optimizer.triton.served_search.objective import Objective
 
-
 LOCAL_PROTOCOL = "grpc"
 """How the bundled server is measured: gRPC, Model Analyzer's default client protocol. perf_analyzer 2.51 over HTTP at
 concurrency 64 on 2 cores failed to settle 3 times in 10 and hung past 40 s twice in 10 here (one hang took a served
@@ -19,7 +18,7 @@ class SearchRequest:
     """What the user asked of the search: the load, the latency budget, the time it may take, where it works."""
 
     workdir: Path
-    concurrency: int | None = None  # None: no fixed load (a latency budget, or the most throughput sustained)
+    concurrency: int | None = None  # None: no fixed load (a range, a latency budget, or any load)
     latency_budget_ms: float | None = None
     percentile: int = 95
     budget_s: float = 90.0
@@ -30,7 +29,8 @@ class SearchRequest:
     protocol: str = LOCAL_PROTOCOL  # how the variants are loaded and measured: --protocol with --url, else LOCAL_PROTOCOL
     server_version: str = ""  # what that server said it is (remote.probe_server)
     use_cache: bool = True  # --cache: reuse the search of an identical earlier run (cache.py)
+    load_range: tuple[int, int] | None = None  # --concurrency LOW:HIGH: every load of that range counts
 
     @property
     def objective(self) -> Objective:
-        return Objective(self.concurrency, self.latency_budget_ms, self.percentile)
+        return Objective(self.concurrency, self.latency_budget_ms, self.percentile, self.load_range)

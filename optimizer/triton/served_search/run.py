@@ -29,8 +29,8 @@ from optimizer.triton.served_search.answers import wrong_answers
 from optimizer.triton.served_search.loader import VariantLoader, private_name, server_gone
 from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, mean_level, measure_level, settle_level, sweep, warm_up
 from optimizer.triton.served_search.objective import OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW, robust_ratios, worst_so_far
-from optimizer.triton.served_search.points import (LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, delay_tried, fill_delay_us,
-                                                   latency_at, padded_later, refinements, seed_concurrency)
+from optimizer.triton.served_search.points import (LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, delay_tried,
+                                                   fill_delay_us, fill_level, latency_at, padded_later, refinements, seed_concurrency)
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.servers import locally
 
@@ -108,6 +108,11 @@ class SearchRun:
         self.baseline = baseline  # others' load (cores) the probe saw as the search began; None: not watched (the user's server)
         self.retried_s = 0.0  # waiting for others' load to fall and measuring again (_level)
         self.parked: dict[OperatingPoint, str] = {}  # settled variants still loaded, by point (_remeasure)
+        self.results: dict[str, TuneResult] = {"": result}  # by OperatingPoint.candidate: another kind's candidate ("" the selected)
+        self.spaces: dict[str, SearchSpace] = {}  # another candidate's own search space (the selected's is explore's)
+        self.checked: set[str] = set()  # the candidates whose answers the server was checked on
+        self.candidate_of: dict[str, str] = {}  # private name -> the candidate its variant serves
+        self.on_start: Callable[[str], None] | None = None  # called with the start variant's name while it is loaded
 
     # -- the order ---------------------------------------------------------------------------------------------------
     def explore(self, space: SearchSpace) -> str:
@@ -149,7 +154,7 @@ class SearchRun:
         between two variants within 10% of each other, the delay had lifted its variant 1.5x at the light load. Why:
         under bursts the bundled CNN's search spent its budget in the coarse pass, settled two max-2 variants and
         published max 2, max 4's delay untried (benchmarks/noisy_choice.py)."""
-        if self.objective.kind != "max-throughput":
+        if not self.objective.robust:
             return
         order, ranked = self._to_refine(space), self.ranked()
         if not order or order[0].point == ranked[0].point:
@@ -159,7 +164,7 @@ class SearchRun:
 
     def _pending_fill(self, v: ServedVariant, space: SearchSpace) -> OperatingPoint | None:
         """`v` with the queue delay that would fill its batches at the lightest load, when that is not measured yet."""
-        delay = fill_delay_us(v, space)
+        delay = fill_delay_us(v, self._space(v, space))
         filled = replace(v.point, queue_delay_us=delay) if delay is not None else None
         return filled if filled is not None and not delay_tried(filled, set(self.seen)) else None
 
@@ -193,7 +198,7 @@ class SearchRun:
         measured, and max 2 served 0.75x of the quiet choice (benchmarks/noisy_choice.py). `ratios`: _refine_ratios, when
         the caller has them."""
         ranked = self.ranked()
-        if self.objective.kind != "max-throughput":
+        if not self.objective.robust:
             return ranked
         ratios = self._refine_ratios(space) if ratios is None else ratios
         return sorted(ranked, key=lambda v: -ratios.get(id(v), (0.0, 0))[0])  # stable: the objective's order breaks ties
@@ -201,12 +206,13 @@ class SearchRun:
     def _refine_ratios(self, space: SearchSpace) -> dict[int, tuple[float, int]]:
         """No load given: each measured variant's worst ratio to the best (by id), from the levels that rank it for the
         refinement (_to_refine)."""
-        curves = {}
+        curves, skip = {}, {}
         for v in self.ranked():
-            pending = self._pending_fill(v, space) is not None
-            light = v.curve[0].concurrency if v.curve else 0
-            curves[id(v)] = [lv for lv in v.curve if not self._disturbed(lv, SUSPECT) and not (pending and lv.concurrency == light)]
-        return robust_ratios({k: c for k, c in curves.items() if c})
+            aside = {lv.concurrency for lv in v.curve if self._disturbed(lv, SUSPECT)}
+            if self._pending_fill(v, space) is not None and (light := fill_level(v)) is not None:
+                aside.add(light.concurrency)
+            curves[id(v)], skip[id(v)] = [lv for lv in v.curve if lv.concurrency not in aside], aside
+        return robust_ratios({k: c for k, c in curves.items() if c}, self.request.percentile, skip=skip)
 
     def _time_left(self, space: SearchSpace) -> list[OperatingPoint]:
         """With time left after the best two, the refinements of every other variant that could still win, best first:
@@ -216,7 +222,7 @@ class SearchRun:
         light load set aside (_refine_ratios). With a latency budget, every variant (a refinement can bring one under it).
         Why: with --concurrency 16 the bundled CNN's search spent 4 of its 17 variants refining 2 x 1-thread variants that
         served 0.55-0.59x the best, and none of them came above 0.56x."""
-        if self.objective.kind == "max-throughput":
+        if self.objective.robust:
             ratios = self._refine_ratios(space)
             rest = self._to_refine(space, ratios)[2:]
             score = {v.point: ratios.get(id(v), (0.0, 0))[0] for v in self.seen.values()}
@@ -228,14 +234,25 @@ class SearchRun:
         for v in rest:
             reach = score.get(v.point, 0.0)
             if self.objective.latency_budget_ms is not None or reach * REFINE_LIFT >= lead:
-                todo += refinements(v.point, space, set(self.seen), fill_delay_us(v, space))
-            elif self.objective.kind != "max-throughput" and reach * FILL_LIFT >= lead and (filled := self._pending_fill(v, space)):
+                todo += self._refinements(v, space)
+            elif not self.objective.robust and reach * FILL_LIFT >= lead and (filled := self._pending_fill(v, space)):
                 todo.append(filled)
         return [p for p in dict.fromkeys(todo) if p not in self.seen]
 
+    def _space(self, v: ServedVariant, space: SearchSpace) -> SearchSpace:
+        """The space of the candidate `v` serves (another kind's has its own peak, fit and padding)."""
+        return self.spaces.get(v.point.candidate, space)
+
+    def _refinements(self, v: ServedVariant, space: SearchSpace) -> list[OperatingPoint]:
+        """refinements() around `v` in its candidate's space, against what was measured of that candidate."""
+        own = self._space(v, space)
+        return [replace(p, candidate=v.point.candidate) for p in
+                refinements(replace(v.point, candidate=""), own, {replace(p, candidate="") for p in self.seen if p.candidate == v.point.candidate},
+                            fill_delay_us(v, own))]
+
     def _refine(self, top: list[ServedVariant], space: SearchSpace) -> bool:
         """Measure the refinements around `top`, interleaved (the first's likeliest, the second's, ...); False if none is left."""
-        each = [refinements(v.point, space, set(self.seen), fill_delay_us(v, space)) for v in top]
+        each = [self._refinements(v, space) for v in top]
         todo = [p for rank in zip_longest(*each) for p in rank if p is not None]
         if todo:
             self.measure(todo, "refine")
@@ -243,12 +260,12 @@ class SearchRun:
 
     def _settle_reserve(self) -> float:
         """Seconds kept for settling a close call: at the target load, or at three loads of the ladder."""
-        return self._settle_cost(3 if self.objective.kind == "max-throughput" else 1)
+        return self._settle_cost(3 if self.objective.robust else 1)
 
     def _settle_cost(self, loads: int) -> float:
         """Seconds a settling takes: both variants, every round, at each of `loads` loads (the ladder with the search's
         window, a target load with twice it), and one load."""
-        if self.objective.kind == "max-throughput":
+        if self.objective.robust:
             per_level = max(1.5, 3 * self.bench.window_ms / 1000.0)
         else:
             per_level = max(2.0, 3 * 2 * self.bench.window_ms / 1000.0)
@@ -257,7 +274,7 @@ class SearchRun:
     def ranked(self) -> list[ServedVariant]:
         """Measured variants, best first by the objective (each point's latest measurement)."""
         pool = [v for v in self.seen.values() if v.status == "measured" and v.throughput is not None]
-        if self.objective.kind == "max-throughput":
+        if self.objective.robust:
             return self._robust(pool)
         ranked: list[ServedVariant] = []
         for v in pool:
@@ -270,7 +287,7 @@ class SearchRun:
         the leader's go to the one that sustains more (its peak)."""
         if not pool:
             return []
-        ratios = robust_ratios({id(v): v.curve for v in pool})
+        ratios = robust_ratios({id(v): v.curve for v in pool}, self.request.percentile)
         self.robust = {v.point: ratios[id(v)] for v in pool}
         top = max(r for r, _ in ratios.values())
         lead = [v for v in pool if ratios[id(v)][0] >= top - THROUGHPUT_NOISE]
@@ -283,14 +300,14 @@ class SearchRun:
         transformer variant's four loads once took 80 s of a 90 s budget), or it is out of the running."""
         if time.monotonic() >= self.explore_deadline:
             return f"stopped climbing at concurrency {curve[-1].concurrency}: the time budget ran out"
-        return self._out_of_running(curve) if self.objective.kind == "max-throughput" else ""
+        return self._out_of_running(curve) if self.objective.robust else ""
 
     def _out_of_running(self, curve: list[LoadLevel]) -> str:
         """No load given: why a variant's ladder stops early ("" while it can still win): its worst ratio at the loads it
         measured is already below half and OUT_OF_RUNNING below the leader's, and more loads can only lower it."""
         if self.best is None or self.best.point not in self.robust:
             return ""
-        worst, at = worst_so_far(curve, [v.curve for v in self.seen.values() if v.status == "measured"])
+        worst, at = worst_so_far(curve, [v.curve for v in self.seen.values() if v.status == "measured"], self.request.percentile)
         lead = self.robust[self.best.point][0]
         if worst >= min(lead - OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW):
             return ""
@@ -310,6 +327,23 @@ class SearchRun:
             out += self._measure_group(group, stage)
         return out
 
+    def measure_apart(self, points: list[OperatingPoint], bench: Bench, mark: str) -> list[ServedVariant]:
+        """Measure points under another request mix (`bench`, e.g. the padded traffic), marked `mark` and kept out of the
+        ranking: the search's own best and its curves stay those of the traffic as it comes."""
+        kept = (self.bench, dict(self.seen), self.best, dict(self.robust))
+        self.bench = replace(bench, window_ms=self.bench.window_ms)
+        out: list[ServedVariant] = []
+        try:
+            out = self.measure(points, mark)
+        except OutOfTime:
+            pass
+        finally:
+            self.bench, self.seen, self.best, self.robust = kept
+            for v in self.search.variants:
+                if v.stage == mark:
+                    v.traffic = mark
+        return [v for v in self.search.variants if v.stage == mark]
+
     def _fits(self, wanted: int) -> int:
         """How many more variants fit in the budget at the slowest cost so far (the budget is a bound, not a target)."""
         cost = self._variant_cost()
@@ -325,7 +359,7 @@ class SearchRun:
 
     def _measure_group(self, group: list[OperatingPoint], stage: str) -> list[ServedVariant]:
         t0 = time.monotonic()
-        variants = {self._next_name(): ServedVariant(p, stage) for p in group}
+        variants = {self._next_name(p.candidate): ServedVariant(p, stage) for p in group}
         configs = {}
         for name, v in variants.items():
             try:
@@ -349,9 +383,12 @@ class SearchRun:
                 v.seconds, retried = round(load_share, 2), self.retried_s
                 if name in errors:
                     v.status, v.reason = "failed", f"Triton could not load it: {errors[name]}"
-                elif v.status == "measured" and stage == "start" and (wrong := self._wrong_answers(name)):
+                elif v.status == "measured" and v.point.candidate not in self.checked and (wrong := self._wrong_answers(name)):
                     v.status, v.reason = "failed", f"its answers are wrong: {wrong}"
                 elif v.status == "measured":
+                    self.checked.add(v.point.candidate)
+                    if stage == "start" and self.on_start is not None:
+                        self.on_start(name)
                     self._sweep(name, v)
                 self._record(v, self.retried_s - retried)
         finally:
@@ -359,12 +396,21 @@ class SearchRun:
         return list(variants.values())
 
     def _load(self, configs: dict[str, str]) -> dict[str, str]:
-        """Load variants by their measured names: the model itself, or its positional model and then the ensemble in front."""
+        """Load variants by their measured names: the model itself, or its positional model and then the ensemble in front;
+        each from the files of the candidate it serves."""
+        errors: dict[str, str] = {}
+        for candidate in dict.fromkeys(self.candidate_of.get(n, "") for n in configs):
+            group = {n: t for n, t in configs.items() if self.candidate_of.get(n, "") == candidate}
+            errors.update(self._load_from(group, candidate))
+        return errors
+
+    def _load_from(self, configs: dict[str, str], candidate: str) -> dict[str, str]:
         if not configs:
             return {}
+        source = {"candidate": candidate} if candidate else {}
         if not self.fronted:
-            return self.loader.load(configs)
-        errors = self.loader.load({inner_name(n): text for n, text in configs.items()})
+            return self.loader.load(configs, **source)
+        errors = self.loader.load({inner_name(n): text for n, text in configs.items()}, **source)
         fronts = {n: canonical(front_config(parse(text), n, inner_name(n), self.renamed)) for n, text in configs.items() if inner_name(n) not in errors}
         errors = {n: errors[inner_name(n)] for n in configs if inner_name(n) in errors}
         errors.update(self.loader.load(fronts, files={f"1/{VERSION_MARKER}": VERSION_MARKER_TEXT}) if fronts else {})
@@ -379,8 +425,10 @@ class SearchRun:
         self.loader.unload(names, wait=wait)
 
     def _wrong_answers(self, name: str) -> str:
-        """Before any variant counts: "" when the server answers the export's samples within its tolerances (answers.py)."""
-        return wrong_answers(self.result, self.request.protocol, self.bench.url, self.bench.timeout_s, name, self.renamed, self.fronted)
+        """Before any variant of a candidate counts: "" when the server answers the export's samples within its tolerances
+        (answers.py)."""
+        result = self.results[self.candidate_of.get(name, "")]
+        return wrong_answers(result, self.request.protocol, self.bench.url, self.bench.timeout_s, name, self.renamed, self.fronted)
 
     def _sweep(self, name: str, v: ServedVariant) -> None:
         from tritonclient.utils import InferenceServerException
@@ -409,7 +457,7 @@ class SearchRun:
             self.start_cost = v.seconds - retried_s
         else:
             self.costs.append(v.seconds - retried_s)
-        if v.status == "measured" and self.objective.kind == "max-throughput":
+        if v.status == "measured" and self.objective.robust:
             self.seen[v.point] = v
             self.best = self.ranked()[0]
         elif v.status == "measured":
@@ -484,7 +532,7 @@ class SearchRun:
         """When the runner-up is within the noise of repeated measurement of the best, measure both again interleaved
         (A B B A) at one load with longer windows, and keep the one that serves more (then the lower latency)."""
         ranked = self.ranked()
-        if self.objective.kind == "max-throughput":  # ranked against every variant at every load, not one level
+        if self.objective.robust:  # ranked against every variant at every load, not one level
             return self._settle_ladder(ranked)
         if len(ranked) < 2 or not close(ranked[0], ranked[1]):
             return
@@ -547,7 +595,7 @@ class SearchRun:
         """Load two variants side by side under new names and measure each SETTLE_ROUNDS times at every load, in A B B A
         order; per variant, its measurements per load. None when either does not load or a measurement fails. Both stay
         loaded (`parked`) for the published one's lone request (base); the other goes when the choice is made (_keep)."""
-        names = [self._next_name() for _ in pair]
+        names = [self._next_name(v.point.candidate) for v in pair]
         if self._load({n: self._config(v.point) for n, v in zip(names, pair)}):
             self._unload(names)
             return None
@@ -585,7 +633,7 @@ class SearchRun:
             if not cost or time.monotonic() + cost > self.deadline:
                 return
             if name is None:
-                name = self._next_name()
+                name = self._next_name(best.point.candidate)
                 self.parked[best.point] = name
                 if self._load({name: self._config(best.point)}):
                     return
@@ -607,12 +655,14 @@ class SearchRun:
 
     # -- helpers -------------------------------------------------------------------------------------------------------------
     def _config(self, point: OperatingPoint) -> str:
-        text, _, _ = prepare_config(self.result, replace(self.options, operating_point=point))
+        text, _, _ = prepare_config(self.results[point.candidate], replace(self.options, operating_point=replace(point, candidate="")))
         return locally(text) if self.translate else text
 
-    def _next_name(self) -> str:
+    def _next_name(self, candidate: str = "") -> str:
         self.count += 1
-        return private_name(self.options.name, self.count)
+        name = private_name(self.options.name, self.count)
+        self.candidate_of[name] = candidate
+        return name
 
 
 class OutOfTime(Exception):
