@@ -428,7 +428,8 @@ def _print_validation(record: Any) -> None:
         o = record.oversize
         click.echo(f"  batch {o['batch']} (max_batch_size + 1): " + (f"refused: {o['message']}" if o["refused"] else f"ACCEPTED: {o['note']}"))
     if record.perf and record.perf.get("rows"):
-        click.echo(f"  perf_analyzer ({record.perf['settings']['protocol']}, batch {record.perf['settings']['batch_size']} per request){label}:")
+        click.echo(f"  perf_analyzer ({record.perf['settings']['protocol']}, batch {record.perf['settings']['batch_size']} per request){label}"
+                   + (f", sending {record.traffic}" if record.traffic else "") + ":")
         click.echo("    concurrency  infer/s   p50 ms   p95 ms   p99 ms  server batch")
         for r in record.perf["rows"]:
             batch = f"{r['server_batch']:.2f}" if r.get("server_batch") else "-"

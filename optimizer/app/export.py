@@ -18,6 +18,7 @@ from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz, save_feeds
 from optimizer.model.signature import Signature
 from optimizer.model.source import LoadedModel, from_module, load_model
+from optimizer.model.traffic import traffic_for
 from optimizer.records.served_search import ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.report.json_report import write_report
@@ -99,11 +100,12 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     on_event(Event("signature", "start"))
     signature = resolve_signature(model, plan.input_specs, plan.value_ranges, plan.output_names, settings.batching)
     user_feeds = load_npz(Path(settings.samples), signature) if settings.samples else []
+    traffic = traffic_for(signature, settings.traffic, user_feeds, Path(settings.samples).name if settings.samples else None)
     on_event(Event("signature", "done", message=_describe(signature)))
     work = report_dir / "work"
     on_event(Event("reference", "start"))
     try:
-        reference = prepare_reference(model, signature, user_feeds, report_dir / "samples")
+        reference = prepare_reference(model, signature, user_feeds, report_dir / "samples", traffic)
         state_dict = _snapshot_weights(model, work)
     except OSError as err:
         raise SettingsError(f"could not write the report folder {str(report_dir)!r}: {err.strerror or err}; choose another --report-dir.") from err
@@ -134,6 +136,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         calibration=calibration,
     )
     result = strategy.tune(ctx)
+    result.traffic = traffic.summary(signature).to_json()
     broken = next((c for c in result.candidates if c.stage == "accuracy_check"), None)
     if broken is not None:  # the user's check failed on a candidate's outputs: nothing is published
         write_report(report_dir / "report.json", result, settings)
@@ -155,7 +158,10 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     try:
         _padded_max_for_every_load(result, settings)  # the rules' point: what is published when no search runs, and where one starts
         search = _serve_search(settings, plan, result, options, work, on_event)
-        options = replace(options, served_search=search, operating_point=search.chosen if search.status == "searched" else None)
+        if search.status == "searched" and search.candidate:
+            _served_choice_of_other_kind(result, search)
+        point = replace(search.chosen, candidate="") if search.status == "searched" and search.chosen is not None else None
+        options = replace(options, served_search=search, operating_point=point)
         on_event(Event("publish", "start", result.selected))
         published = publish(result, options)
     except (PublishError, TemplateError, ConfigRuleError):  # the tuning results are kept in the report
@@ -163,7 +169,9 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         write_report_files(report_path)
         raise
     on_event(Event("publish", "done", result.selected, f"{published.model_dir} version {published.version}"))
-    from optimizer.fleet.manifests import record_manifests  # kserve/inferenceservice.yaml beside the report
+    from optimizer.fleet.manifests import (
+        record_manifests,  # kserve/inferenceservice.yaml beside the report
+    )
 
     record_manifests(report_dir, published, settings.triton_release)
     write_report(report_path, result, settings, published)
@@ -199,6 +207,17 @@ def _padded_max_for_every_load(result: TuneResult, settings: ExportSettings) -> 
         result.max_batch_size = chosen
 
 
+def _served_choice_of_other_kind(result: TuneResult, search: ServedSearch) -> None:
+    """The served search measured another kind's candidate best under the traffic and load: it is published instead of
+    the in-process pick, and the report says why."""
+    won = next(c for c in result.candidates if c.name == search.candidate)
+    chosen = search.chosen_variant
+    how = f" ({chosen.point.label}: {chosen.throughput:.1f}/s at concurrency {chosen.concurrency})" if chosen is not None and chosen.throughput else ""
+    result.selection_reason += (f"; the served search then measured {won.name} better than {result.selected} under the traffic and the load "
+                                f"it is tuned for{how}, so {won.name} is published")
+    result.selected, result.max_batch_size = won.name, won.decision.max_batch_size
+
+
 def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, options: PublishOptions, work: Path,
                   on_event: EventSink) -> ServedSearch:
     """The served operating point (section 6b of the design): measured in the bundled server, or in the user's (--url),
@@ -210,10 +229,11 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
     from optimizer.triton.served_search.request import LOCAL_PROTOCOL
 
     budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds)
-    request = SearchRequest(work / "served_search", settings.concurrency, settings.latency_budget_ms, result.percentile, budget, plan.cache_root,
+    concurrency, load_range = settings.load()
+    request = SearchRequest(work / "served_search", concurrency, settings.latency_budget_ms, result.percentile, budget, plan.cache_root,
                             user_max=settings.batch_cap(), wait_for_cores_s=settings.wait_for_cores_s, url=settings.url,
                             protocol=settings.protocol if settings.url else LOCAL_PROTOCOL, server_version=plan.server.describe().split(" at ")[0] if plan.server is not None else "",
-                            use_cache=settings.cache)
+                            use_cache=settings.cache, load_range=load_range)
     tried = {result.selected}
     while True:
         search = served_search(result, options, request, on_event)

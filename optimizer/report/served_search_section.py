@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.records.served_search import ServedSearch, point_label
+from optimizer.records.served_search import OBJECTIVE_SENTENCE, ServedSearch, point_label
 from optimizer.report.markdown_tables import cell as _cell
 from optimizer.report.markdown_tables import ms as _ms
 from optimizer.report.markdown_tables import table as _table
@@ -100,7 +100,21 @@ def _story(search: dict[str, Any]) -> str:
         extra = f" ({float(search['retried_s']):g} s with the waits, added to the time budget)" if search.get("retried_s") else ""
         third += (f" Other processes' load rose while {search['remeasured']} measurement(s) ran; each was taken again once it fell "
                   f"back{extra}, and the least disturbed one counts (report.json keeps others' load, in cores, beside each measurement).")
-    return f"{first} {second}{third}"
+    fourth = ""
+    if search.get("objective") == "any-load":
+        fourth += f" {OBJECTIVE_SENTENCE}"
+    if search.get("kinds"):
+        fourth += f" Backends: {_cell(search['kinds'])}."
+    if search.get("candidate"):
+        fourth += f" The published variant serves **{_cell(search['candidate'])}**, measured better here than the in-process pick."
+    padding = search.get("client_padding")
+    if padding:
+        if padding.get("advised"):
+            fourth += (f" **Clients pad** {', '.join(padding.get('axes') or [])} with zeros to the next of {', '.join(map(str, padding.get('edges') or []))}: "
+                       f"{_cell(padding.get('why') or '')}. The published variant was measured with padded requests, and `validate` sends them.")
+        else:
+            fourth += f" No client padding is advised: {_cell(padding.get('why') or 'not tried')}."
+    return f"{first} {second}{third}{fourth}"
 
 
 def _lone_request(search: dict[str, Any], variants: list[dict[str, Any]], pct: int, kind: str) -> str:
@@ -124,7 +138,8 @@ def _header(search: dict[str, Any]) -> list[str]:
 
 
 def _row(v: dict[str, Any], search: dict[str, Any]) -> list[str]:
-    published = v.get("point") == search.get("chosen") and v.get("status") == "measured"
+    mark = "padded" if (search.get("client_padding") or {}).get("advised") else ""
+    published = v.get("point") == search.get("chosen") and v.get("status") == "measured" and (v.get("traffic") or "") == mark
     label = v.get("label") or _label(v.get("point"))
     point = f"**{label}** (published)" if published else label
     differs = "published" if published else (", ".join(f"{k} {_value(a)} (published {_value(b)})" for k, (a, b) in (v.get("differs") or {}).items()) or "same as published")
@@ -142,8 +157,9 @@ def _row(v: dict[str, Any], search: dict[str, Any]) -> list[str]:
 
 def _chosen_variant(search: dict[str, Any]) -> dict[str, Any] | None:
     point = search.get("chosen")
+    mark = "padded" if (search.get("client_padding") or {}).get("advised") else ""
     return next((v for v in reversed(search.get("variants") or []) if v.get("point") == point and v.get("status") == "measured"
-                 and v.get("stage") != "base"), None)
+                 and v.get("stage") != "base" and (v.get("traffic") or "") == mark), None)
 
 
 def _kind(search: dict[str, Any]) -> str:

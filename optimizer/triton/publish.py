@@ -131,6 +131,10 @@ def render_config(result: TuneResult, options: PublishOptions, state: Repository
     if point is not None and search is not None and search.beside_load and search.measured_on:
         note = (f" on every core while other processes kept {float(search.measured_on['others_busy']):.1f} of "
                 f"{len(search.measured_on['available'])} busy (every variant beside the same load)")
+    if point is not None and search is not None and search.padded:
+        pad = search.client_padding
+        note += (f"; clients pad {', '.join(pad['axes'])} with zeros to the next of {', '.join(map(str, pad['edges']))}, "
+                 "as it was measured (answers cut back to each request's length agree)")
     spec = build_spec(result, options.name, warmup, version_policy_for(state), point, note)
     text = render(spec, options.template_dir)
     source = _template_source(spec.template, options.template_dir)
@@ -328,19 +332,20 @@ def _record(result: TuneResult, options: PublishOptions, placed: _Placed, publis
 
     path = write_model_analyzer_config(options.report_dir, placed.local, result, placed.spec, options.cache_dir)
     published.model_analyzer_config = str(path)
-    published.perf_analyzer_input = _write_perf_analyzer_input(options.report_dir, result, public_names)
+    search = options.served_search
+    padding = search.client_padding if search is not None and search.padded else None
+    published.perf_analyzer_input = _write_perf_analyzer_input(options.report_dir, result, public_names, padding)
 
 
-def _write_perf_analyzer_input(report_dir: Path, result: TuneResult, public_names: bool = False) -> str | None:
-    """perf_analyzer's --input-data beside the report: the request mix in-process profiling timed (the user's first
-    sample, else the generated one at every dynamic axis' maximum), which the served search and validate send too.
-    In the config's names, or (`public_names`: a model behind an ensemble) in the forward names clients send."""
-    from optimizer.triton.perf_analyzer_input import write_input_data
+def _write_perf_analyzer_input(report_dir: Path, result: TuneResult, public_names: bool = False, padding: dict | None = None) -> str | None:
+    """perf_analyzer's --input-data beside the report: the run's traffic in its ratios (padded to the bucket edges when
+    clients are told to pad), which the served search and validate send too. In the config's names, or (`public_names`:
+    a model behind an ensemble) in the forward names clients send."""
+    from optimizer.triton.perf_analyzer_input import traffic_requests, write_input_data
 
-    feeds_path = Path(result.reference.profile_feed)
-    if not feeds_path.is_file():
+    if not Path(result.reference.profile_feed).is_file():
         return None
     sig, renamed = config_signature(result.selected_candidate.artifact)
     back = {} if public_names else {original: config_name for config_name, original in renamed.items()}
-    feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in load_feeds(feeds_path)]
+    feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in traffic_requests(result, padding)[0]]
     return str(write_input_data(report_dir / "perf_analyzer_input.json", feeds, sig.batching))

@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,11 @@ from optimizer.records.tune_result import TuneResult
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+"""2: measured under the run's traffic, from a lone client up, with another kind's candidate and the padding trial."""
 
 
-def search_key(result: TuneResult, start_config: str, request: Any, server_build: str, io_names: str) -> str:
+def search_key(result: TuneResult, start_config: str, request: Any, server_build: str, io_names: str, others: tuple[str, ...] = ()) -> str:
     """The cache key of one served search (see the module docstring for what goes in)."""
     from optimizer._version import __version__
     from optimizer.triton.publish import model_files
@@ -46,7 +48,17 @@ def search_key(result: TuneResult, start_config: str, request: Any, server_build
     if decision is not None:
         h.update(json.dumps([decision.peak, decision.largest_fit, decision.measured_max, decision.decided_by]).encode())
     _hash_file(h, Path(result.reference.profile_feed))
-    settings = {"concurrency": request.concurrency, "latency_budget_ms": request.latency_budget_ms, "percentile": request.percentile,
+    if result.reference.traffic:  # the requests every variant is measured with
+        _hash_file(h, Path(result.reference.traffic))
+    for other in others:  # another kind's candidate that enters the search: its files and its space too
+        cand = next(c for c in result.candidates if c.name == other)
+        h.update(other.encode() + b"\0")
+        for target, source in sorted(model_files(replace(result, selected=other)).items()):
+            h.update(target.encode() + b"\0")
+            _hash_file(h, source)
+        if cand.decision is not None:
+            h.update(json.dumps([cand.decision.peak, cand.decision.largest_fit, cand.decision.max_batch_size]).encode())
+    settings = {"concurrency": request.concurrency, "load_range": request.load_range, "latency_budget_ms": request.latency_budget_ms, "percentile": request.percentile,
                 "budget_s": request.budget_s, "user_max": request.user_max, "url": request.url, "protocol": request.protocol,
                 "server_version": request.server_version, "io_names": io_names, "release": result.triton_release,
                 "server": server_build, "machine": machine_fingerprint()}

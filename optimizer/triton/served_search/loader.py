@@ -66,6 +66,11 @@ class VariantLoader:
         self.loaded: set[str] = set()
         self.leaving: set[str] = set()  # unloaded without waiting: the next load waits for them (unload)
         self._client: Any = None
+        self._sources: dict[str, tuple[Callable[[str, bool], None] | None, dict[str, bytes] | None]] = {}
+
+    def add_source(self, candidate: str, place: Callable[[str, bool], None] | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Another candidate's artifact that variants may be loaded from (`load(..., candidate=...)`): its place, or its files."""
+        self._sources[candidate] = (place, {f"file:{k}": v for k, v in (files or {}).items()} or None)
 
     def __enter__(self) -> VariantLoader:
         return self
@@ -81,18 +86,20 @@ class VariantLoader:
             self._client = open_client(self.protocol, self.url, self.timeout_s)
         return self._client
 
-    def load(self, configs: dict[str, str], files: dict[str, bytes] | None = None) -> dict[str, str]:
+    def load(self, configs: dict[str, str], files: dict[str, bytes] | None = None, candidate: str = "") -> dict[str, str]:
         """Load each private name with its config text (config.pbtxt form); returns name -> Triton's error for those that failed.
 
-        `files` replaces the model's files for these loads (an ensemble front's version folder marker); None: the model's."""
+        `files` replaces the model's files for these loads (an ensemble front's version folder marker); None: the model's
+        (`candidate`'s, when one was added with add_source)."""
         from optimizer.triton.server import open_client, triton_message
 
-        overrides = self._files if files is None else ({f"file:{k}": v for k, v in files.items()} if self._files is not None else None)
+        place, own = self._sources.get(candidate, (self._place, self._files)) if candidate else (self._place, self._files)
+        overrides = own if files is None else ({f"file:{k}": v for k, v in files.items()} if own is not None else None)
 
         def one(item: tuple[str, str]) -> tuple[str, str]:
             name, text = item
-            if self._place is not None:
-                self._place(name, files is None)
+            if place is not None:
+                place(name, files is None)
             client = open_client(self.protocol, self.url, self.timeout_s)
             try:
                 client.load_model(name, config=config_json(text, name), files=overrides)

@@ -17,7 +17,10 @@ import numpy as np
 
 from optimizer.errors import ValidationError
 from optimizer.records.served_search import LoadLevel, ServedVariant
+from optimizer.records.tune_result import TuneResult
+from optimizer.triton.model_config import config_signature
 from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer
+from optimizer.triton.perf_analyzer_input import traffic_requests, write_input_data
 from optimizer.triton.served_search.objective import Objective
 
 MIN_WINDOW_MS = 500
@@ -140,3 +143,22 @@ def mean_level(levels: list[LoadLevel]) -> LoadLevel:
     others = [lv.others_busy for lv in levels if lv.others_busy is not None]
     return LoadLevel(levels[0].concurrency, *(avg([getattr(lv, f) for lv in levels]) for f in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "server_batch")),
                      others_busy=max(others) if others else None)
+
+
+def request_mix(result: TuneResult, workdir: Path, public_names: bool = False, padding: dict | None = None,
+                name: str = "perf_analyzer_input.json") -> tuple[Path, str, list[dict]]:
+    """perf_analyzer's input: the run's traffic (model/traffic.py), each request with its own shape, in their ratios
+    (padded to `padding`'s bucket edges when given), in the config's tensor names (or, through an ensemble front, the
+    forward() names clients send); the words for the report; and the same requests as arrays for the warm-ups."""
+    feeds, words = traffic_requests(result, padding)
+    sig, renamed = config_signature(result.selected_candidate.artifact)
+    back = {} if public_names else {original: config_name for config_name, original in renamed.items()}
+    feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in feeds]
+    path = write_input_data(workdir / name, feeds, sig.batching)
+    if sig.batching:
+        # a per-sample scalar ([batch] here) is sent as [1, 1]: its config says dims [1] with an empty reshape
+        rows = [{k: v[i:i + 1].reshape(1, 1) if v.ndim == 1 else v[i:i + 1] for k, v in feed.items()}
+                for feed in feeds for i in range(next(iter(feed.values())).shape[0])]
+    else:
+        rows = list(feeds)
+    return path, words, rows

@@ -21,16 +21,19 @@ from optimizer.errors import ServerError, ValidationError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.machine import cpu_cores
 from optimizer.model.samples import load_feeds
+from optimizer.model.signature import Signature
+from optimizer.model.traffic import Traffic
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.front import needs_front
 from optimizer.triton.local_serving import needs_translation, translation_note
 from optimizer.triton.model_config import batching_plan, config_signature, operating_point_of, parse
-from optimizer.triton.perf_analyzer_input import write_input_data
 from optimizer.triton.publish import PublishOptions, prepare_config
 from optimizer.triton.served_search.cache import ServedSearchCache, search_key
+from optimizer.triton.served_search.kinds import enter_other_kind, other_kind, other_kind_candidates, why_no_other_kind
 from optimizer.triton.served_search.loader import VariantLoader
-from optimizer.triton.served_search.measure import Bench
+from optimizer.triton.served_search.measure import Bench, request_mix
+from optimizer.triton.served_search.padding import PADDING_SHARE, PaddingTrial, padded_answers, padding_trial
 from optimizer.triton.served_search.points import HELD_LAYOUT, SearchSpace, latency_at
 from optimizer.triton.served_search.request import SearchRequest
 from optimizer.triton.served_search.run import SearchRun
@@ -109,7 +112,9 @@ def _cache_for(result: TuneResult, options: PublishOptions, request: SearchReque
         except ToolMissing:
             return None, ""
     try:
-        key = search_key(result, prepare_config(result, options)[0], request, build, options.io_names)
+        gpu = Device.of(result.selected_candidate.artifact.device).is_cuda
+        others = tuple(other_kind_candidates(result, options, request, gpu)[:1])
+        key = search_key(result, prepare_config(result, options)[0], request, build, options.io_names, others)
     except OSError as err:  # a file of the artifact or the request mix is gone: measure
         log.warning("the served search is not cached: %s", err)
         return None, ""
@@ -146,14 +151,20 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         rules_delay = (batching_plan(decision, decision.peak, request.latency_budget_ms, request.percentile).max_queue_delay_microseconds
                        if decision is not None and (decision.peak or 0) > 1 else None)
         space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside,
-                               rules_delay_us=rules_delay, pads=artifact.platform.pads_batch)
+                               rules_delay_us=rules_delay, pads=artifact.platform.pads_batch, loads=tuple(request.objective.loads))
         if space.layout is not None:
             search.held_layout = HELD_LAYOUT
+        sig = Signature.from_json(result.signature)
+        traffic = run_traffic(result)
+        padding = traffic is not None and sig.batching and sig.is_dynamic and len(traffic.histogram(sig)) > 1
         deadline = time.monotonic() + request.budget_s
         with VariantLoader(where.url, protocol=request.protocol, place=where.place, files=where.files, check_alive=where.check_alive) as loader:
             bench = Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol)
             run = SearchRun(result, options, request, search, loader, bench, where.check_alive, deadline, on_event,
                             baseline=share.others_busy if share is not None else None)
+            trial = PaddingTrial([f"{n}[{i + 1}]" for n, i in Traffic.axes_of(sig)], traffic.bucket_edges(sig)) if padding else None
+            if trial is not None:  # while the start is loaded: do padded requests get the same answers?
+                run.on_start = lambda name: setattr(trial, "answers", padded_answers(run, name, traffic, sig, trial.edges, fronted))
             best = run.measure([first], "start")[0]
             if best.status != "measured":
                 search.refused = request.url is not None and best.reason.startswith(("Triton could not load it", "its answers are wrong"))
@@ -165,11 +176,27 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
                                                             f"backend {artifact.platform.backend})", 1)
             run.bench = replace(bench, window_ms=bench.window_for(best.throughput))
             search.status = "searched"
+            reserve = PADDING_SHARE * request.budget_s if trial is not None and not trial.answers else 0.0
+            run.deadline -= reserve
+            other = other_kind(result, options, request, gpu) if not beside else None
+            if other is None:
+                search.kinds = "no candidate of the other kind (padding or not) entered: " + (
+                    "the search runs beside other processes' load" if beside else why_no_other_kind(result))
+            else:
+                enter_other_kind(run, other, where, options, request, search, space)
             search.stopped = run.explore(space)
             if request.url and run.gone:
                 raise ServerError(f"{run.gone}; every variant it had loaded was unloaded where it could be, nothing was published")
             run.base()
+            run.deadline += reserve
+            if trial is not None:
+                search.client_padding = padding_trial(run, trial, request, search, fronted).to_json()
+            elif traffic is not None:
+                search.client_padding = {"advised": False, "why": "the traffic comes in one shape" if sig.is_dynamic else "the model has no dynamic axis"}
     search.chosen = run.best.point
+    if search.padded:
+        search.chosen = OperatingPoint.from_json(search.client_padding["point"])
+    search.candidate = search.chosen.candidate
     search.concurrency = run.best.concurrency
     if run.best.point in run.robust:
         worst, at = run.robust[run.best.point]
@@ -181,6 +208,15 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         v.differs = v.point.differences(search.chosen)
 
 
+def run_traffic(result: TuneResult) -> Traffic | None:
+    """The run's traffic (None in a report written before it was recorded)."""
+    path = result.reference.traffic
+    if not path or not Path(path).is_file():
+        return None
+    summary = result.traffic or {}
+    return Traffic(tuple(load_feeds(Path(path))), summary.get("source", "file"), summary.get("origin", "the traffic"))
+
+
 def _as_measured(point: OperatingPoint, decision) -> OperatingPoint:
     """The rules' point with the batch sizes in-process profiling measured (before any scaling to cores it did not run on)."""
     if decision is None or not decision.measured_max or point.max_batch_size != decision.max_batch_size:
@@ -188,25 +224,6 @@ def _as_measured(point: OperatingPoint, decision) -> OperatingPoint:
     measured = decision.measured_max
     preferred = tuple(dict.fromkeys(min(b, measured) for b in point.preferred if min(b, measured) > 1))
     return replace(point, max_batch_size=measured, preferred=preferred)
-
-
-def request_mix(result: TuneResult, workdir: Path, public_names: bool = False) -> tuple[Path, str, list[dict]]:
-    """perf_analyzer's input: the rows in-process profiling timed (the user's first sample, else the generated
-    feed with every dynamic axis at its maximum), in the config's tensor names (or, through an ensemble front, the
-    forward() names clients send); and the same rows as batch-1 requests."""
-    feeds = load_feeds(Path(result.reference.profile_feed))
-    sig, renamed = config_signature(result.selected_candidate.artifact)
-    back = {} if public_names else {original: config_name for config_name, original in renamed.items()}
-    feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in feeds]
-    shapes = ", ".join(f"{k} {'x'.join(map(str, v.shape[1:] if sig.batching else v.shape)) or 'scalar'}" for k, v in feeds[0].items())
-    path = write_input_data(workdir / "perf_analyzer_input.json", feeds, sig.batching)
-    if sig.batching:
-        # a per-sample scalar ([batch] here) is sent as [1, 1]: its config says dims [1] with an empty reshape
-        rows = [{k: v[i:i + 1].reshape(1, 1) if v.ndim == 1 else v[i:i + 1] for k, v in feed.items()}
-                for feed in feeds for i in range(next(iter(feed.values())).shape[0])]
-    else:
-        rows = list(feeds)
-    return path, f"the profiled sample ({shapes}), as in-process profiling and validate send it", rows[:32]
 
 
 def _predict(search: ServedSearch, result: TuneResult) -> None:
@@ -218,6 +235,8 @@ def _predict(search: ServedSearch, result: TuneResult) -> None:
     if chosen is None or chosen.throughput is None:
         return
     search.predicted_throughput = round(chosen.throughput, 2)
+    if chosen.point.candidate:  # another kind's candidate won: its own in-process curve
+        decision = next((c.decision for c in result.candidates if c.name == chosen.point.candidate), None)
     if decision is None or not decision.profiles:  # (on a busy machine in-process profiling ran on the same free cores)
         return
     batch = chosen.server_batch or 1.0

@@ -10,7 +10,8 @@ import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from optimizer.errors import ValidationError
 from optimizer.events import Event, EventSink
@@ -38,6 +39,14 @@ class Where:
     place: Callable[[str, bool], None] | None = None
     files: dict[str, bytes] | None = None
     share: CoreShare | None = None
+    repo: Path | None = None  # the private repository of links (the local server), where another candidate's variants go too
+
+    def source_of(self, result: TuneResult, extra: dict[str, bytes]) -> dict[str, Any]:
+        """How `result`'s selected artifact reaches the server (VariantLoader.add_source keywords): links in the private
+        repository, or its files in every load request."""
+        if self.repo is not None:
+            return {"place": placer(self.repo, result, extra)}
+        return {"files": remote_files(result, extra)}
 
 
 @contextmanager
@@ -61,9 +70,19 @@ def local_server(result: TuneResult, options: PublishOptions, request: SearchReq
     search.served_by = (f"{STAND_IN_LABEL}: Triton's python backend runs backends/{artifact.platform.backend}/model.py"
                         if search.stand_in else "native backend")
     share = None if Device.of(artifact.device).is_cuda else free_cores(request, search, on_event)
+
+    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home) as server:
+        url = server.http_url if request.protocol == "http" else server.grpc_url
+        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {url} ({request.protocol})"
+        search.protocol = request.protocol
+        yield Where("the local server", url, server.check_alive, place=placer(repo, result, extra), share=share, repo=repo)
+
+
+def placer(repo: Path, result: TuneResult, extra: dict[str, bytes]) -> Callable[[str, bool], None]:
+    """The private model folder of a variant of `result`'s selected artifact: its files linked, the extra files written."""
     files = model_files(result)
 
-    def place(name: str, with_files: bool) -> None:  # the private model folder: the artifact's files linked, the extra files written
+    def place(name: str, with_files: bool) -> None:
         version = repo / name / "1"
         version.mkdir(parents=True, exist_ok=True)
         if not with_files:  # an ensemble front: its version folder only
@@ -75,12 +94,14 @@ def local_server(result: TuneResult, options: PublishOptions, request: SearchReq
             (repo / name / rel).parent.mkdir(parents=True, exist_ok=True)
             (repo / name / rel).write_bytes(data)
 
-    with LocalTritonServer(repo, log_path=request.workdir / "tritonserver.log", home=home) as server:
-        url = server.http_url if request.protocol == "http" else server.grpc_url
-        search.server = f"local tritonserver {home.version and 'from nvidia-pytriton ' + home.version} at {url} ({request.protocol})"
-        search.protocol = request.protocol
-        yield Where("the local server", url, server.check_alive, place=place,
-                     share=share)
+    return place
+
+
+def remote_files(result: TuneResult, extra: dict[str, bytes]) -> dict[str, bytes]:
+    """`result`'s selected artifact as `file:` overrides for a server that cannot see this disk."""
+    files = {f"1/{target}": source.read_bytes() for target, source in model_files(result).items()}
+    files.update(extra)
+    return files
 
 
 def remote_server(result: TuneResult, request: SearchRequest, search: ServedSearch, extra: dict[str, bytes]) -> Where:
@@ -88,8 +109,7 @@ def remote_server(result: TuneResult, request: SearchRequest, search: ServedSear
     from optimizer.triton.server import open_client
 
     assert request.url is not None
-    files = {f"1/{target}": source.read_bytes() for target, source in model_files(result).items()}
-    files.update(extra)
+    files = remote_files(result, extra)
     search.server = f"{request.server_version or 'Triton (version unknown)'} at {request.url} ({request.protocol}, --url)"
     search.protocol = request.protocol
     search.served_by = "native backend"  # unless the first variant's config says a model.py ran it (checked after it loads)

@@ -41,6 +41,10 @@ class ExportReference:
     single_request_ms: float | None = None  # the server's cost per request + the in-process time of a batch of one
     served_protocol: str = ""  # what the served search measured over ("" before it was recorded)
     accuracy: AccuracyBudget | None = None  # the gate a bf16 / INT8 winner passed (None: fp32, judged by the tolerances)
+    traffic: Path | None = None  # the run's traffic (batch-1 requests), which the served search measured
+    traffic_words: str = ""  # where it came from (report.json's traffic.origin)
+    client_padding: dict[str, Any] | None = None  # clients pad to these bucket edges (the served search advised it)
+    signature: dict[str, Any] = field(default_factory=dict)  # the exported signature (which axes are dynamic)
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
@@ -118,6 +122,10 @@ def load_export_reference(report_path: Path) -> ExportReference:
         output_names=signature.output_names,
         profile_feed=_optional_sample_file(result.reference.profile_feed, report_dir),
         predicted_how=f"in-process at batch {best.batch_size}" if best else "",
+        traffic=_optional_sample_file(result.reference.traffic, report_dir) if result.reference.traffic else None,
+        traffic_words=(result.traffic or {}).get("origin", ""),
+        client_padding=search.client_padding if search is not None and search.padded else None,
+        signature=result.signature,
     )
     if served is None and result.measured_on and len(result.measured_on["cores"]) < len(result.measured_on["available"]):
         reference.predicted_cores = f"{len(result.measured_on['cores'])} of {len(result.measured_on['available'])} cores"
@@ -131,11 +139,12 @@ def load_export_reference(report_path: Path) -> ExportReference:
                                    + (" (stand-in backend)" if search.stand_in else ""))
         curve: dict[int, LoadLevel] = {}
         for v in search.variants:  # every measurement of the published point, the latest per load
-            if v.point == search.chosen and v.status == "measured":
+            if v.point == search.chosen and v.status == "measured" and v.traffic == ("padded" if search.padded else ""):
                 curve.update({lv.concurrency: lv for lv in v.curve})
         reference.served_curve = [curve[c] for c in sorted(curve)]
         reference.served_point = search.chosen
-        artifact = result.selected_candidate.artifact
+        won = next((c for c in result.candidates if c.name == search.candidate), None) if search.candidate else None
+        artifact = (won or result.selected_candidate).artifact
         reference.served_pads = bool(artifact is not None and artifact.platform is not None and artifact.platform.pads_batch)
         reference.served_protocol = search.protocol
         if search.beside_load and search.measured_on:

@@ -63,6 +63,7 @@ class ValidationRecord:
     export_report: str | None = None
     output_dir: str = ""
     notes: list[str] = field(default_factory=list)
+    traffic: str = ""  # what perf_analyzer sent: the export's traffic (padded as its clients are told), or the profiled sample
     seconds: float = 0.0
 
     @property

@@ -192,7 +192,9 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     if record.oversize is not None and not record.oversize["refused"]:
         record.status, record.reason = "failed", record.oversize["note"]
         return
-    input_data = write_input_data(folder / PERF_INPUT_FILENAME, _request_mix(reference, served) or feeds, max_batch(served) > 0)
+    mix = _request_mix(reference, served)
+    record.traffic = _traffic_words(reference) if mix else "the export's samples"
+    input_data = write_input_data(folder / PERF_INPUT_FILENAME, mix or feeds, max_batch(served) > 0)
     on_event(Event("validate", "progress", target.name, f"answers match; perf_analyzer at concurrency {settings.concurrency}"))
     stats_client = clients.get(settings.protocol) or any_client
     before = execution_counts(stats_client, stats_name)
@@ -332,11 +334,32 @@ def default_sweep(reference: ExportReference | None) -> ConcurrencyRange:
 
 
 def _request_mix(reference: ExportReference | None, served: dict[str, Any]) -> list[Any]:
-    """The rows in-process profiling and the served search timed, in the served names ([] without a report)."""
-    if reference is None or reference.profile_feed is None:
+    """The requests the served search measured with, in the served names: the run's traffic in its ratios (padded to the
+    bucket edges when clients are told to pad), else the profiled sample ([] without a report)."""
+    if reference is None:
         return []
     rename = served_names(reference, served)
-    return [{rename.get(k, k): a for k, a in feed.items()} for feed in load_feeds(reference.profile_feed)]
+    if reference.traffic is not None:
+        from optimizer.model.signature import Signature
+        from optimizer.model.traffic import Traffic
+
+        traffic = Traffic(tuple(load_feeds(reference.traffic)), "file", reference.traffic_words)
+        if reference.client_padding:
+            traffic = traffic.padded(Signature.from_json(reference.signature), list(reference.client_padding["edges"]))
+        feeds = traffic.sent()
+    elif reference.profile_feed is not None:
+        feeds = load_feeds(reference.profile_feed)[:1]
+    else:
+        return []
+    return [{rename.get(k, k): a for k, a in feed.items()} for feed in feeds]
+
+
+def _traffic_words(reference: ExportReference | None) -> str:
+    """What _request_mix sends, in words."""
+    if reference is None or reference.traffic is None:
+        return "the profiled sample"
+    padded = f", padded to {', '.join(map(str, reference.client_padding['edges']))} as its clients are told" if reference.client_padding else ""
+    return f"the export's traffic ({reference.traffic_words or 'its requests'}){padded}"
 
 
 def _keep_logs(work: Path, folder: Path, record: ValidationRecord) -> None:
