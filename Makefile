@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.aitune-installed
 
-.PHONY: venv export test test-fast test-long clean
+.PHONY: venv export test test-fast test-long docs clean benchmarks-page
 
 venv: $(STAMP)
 
@@ -33,5 +33,15 @@ test-long: venv
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow and not long" $(PYTEST_ARGS)
 
+# The documentation site (docs/, mkdocs.yml) into ./site; --strict fails on a broken link or anchor.
+# The docs extra comes with bootstrap; a .venv made before it gets the extra here.
+docs: venv
+	@$(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python, mkdocs_click" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) model_repository aitune-reports .pytest_cache
+	rm -rf $(VENV) model_repository aitune-reports .pytest_cache site
+
+# docs/benchmarks.md from the benchmark records in benchmarks/results/ (each benchmark writes its own record there).
+benchmarks-page: venv
+	$(BIN)/python scripts/render_benchmarks.py

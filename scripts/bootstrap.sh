@@ -14,6 +14,6 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -c "import torch" || { echo "bootstrap: torch failed to install ($TORCH_SPEC)" >&2; exit 1; }
-"$VENV/bin/python" -m pip install -q -e ".[all,test]" 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" -m pip install -q -e ".[all,test,docs]" 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -c "import optimizer, onnxruntime, tritonclient.grpc" || { echo "bootstrap: project install failed" >&2; exit 1; }
 "$(dirname "$0")/install_system_deps.sh"

@@ -1,4 +1,4 @@
-"""Rewrite the README's settings table from ExportSettings (run after adding an option):
+"""Rewrite the settings table of docs/exporting.md from ExportSettings (run after adding an option):
 
     .venv/bin/python scripts/settings_table.py
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from optimizer.settings import ExportSettings, key_of
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "exporting.md"
 START, END = "<!-- settings-table -->", "<!-- /settings-table -->"
 
 
@@ -27,9 +27,9 @@ def table() -> str:
 
 
 def main() -> None:
-    text = README.read_text()
+    text = PAGE.read_text()
     new = re.sub(f"{re.escape(START)}.*?{re.escape(END)}", f"{START}\n{table()}\n{END}", text, flags=re.S)
-    README.write_text(new)
+    PAGE.write_text(new)
 
 
 if __name__ == "__main__":
