@@ -6,6 +6,8 @@ both runs are compared byte for byte (a reused search must publish what the meas
 
 Usage: .venv/bin/python benchmarks/cache_speedup.py [MODEL]
 Ends with: cache_speedup first=<s> second=<s> ratio=<r> same_bytes=<yes|no> served_search_reused=<yes|no>
+and writes benchmarks/results/cache_speedup.json (results.py), the figures under the model (MODEL as given; cnn, the
+bundled example, without one).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results: the benchmarks' records
+
+from results import line_figures, merge_models, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -38,8 +44,11 @@ def main() -> None:
             print(f"run {run + 1}: {times[-1]:.1f} s, selected {result['selected']}, reused: {reused}, "
                   f"served search {search.get('status')}{' (reused from ' + search['cached_from'] + ')' if search.get('cached_from') else ''}")
     same = "yes" if published[0] == published[1] else "no"
-    print(f"cache_speedup first={times[0]:.1f} second={times[1]:.1f} ratio={times[0] / times[1]:.1f} same_bytes={same} "
-          f"served_search_reused={'yes' if search.get('cached_from') else 'no'}")
+    line = (f"cache_speedup first={times[0]:.1f} second={times[1]:.1f} ratio={times[0] / times[1]:.1f} same_bytes={same} "
+            f"served_search_reused={'yes' if search.get('cached_from') else 'no'}")
+    print(line)
+    write_result("cache_speedup", merge_models("cache_speedup", {model[0] if model else "cnn": {**line_figures(line), "selected": result["selected"]}},
+                                               {"settings": {"runs": 2, "timed": "each run a fresh process, start to exit"}}))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ timed); --local-ray times runs whose plan has no address, so each includes start
 
 Usage: .venv/bin/python benchmarks/fleet.py [--rounds 1] [--backend NAME]... [--serve-search on|off] [--local-ray] [--keep]
 Ends with: fleet ray_seconds=<s> local_seconds=<s> ratio=<ray/local>
+and writes benchmarks/results/fleet.json (results.py): those figures, with the plan's models and the run's settings.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results: the benchmarks' records
+
+from results import line_figures, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = """
@@ -125,7 +130,12 @@ def main() -> None:
                     models = ", ".join(f"{m['name']} {m['status']} {m['backend']} max {m['max_batch_size']} in {m['seconds']:.0f} s"
                                        for m in doc["models"])
                     print(f"round {round_ + 1} {name}: {seconds:.1f} s wall ({models})", flush=True)
-        print(f"fleet ray_seconds={totals['ray']:.1f} local_seconds={totals['local']:.1f} ratio={totals['ray'] / totals['local']:.3f}")
+        line = f"fleet ray_seconds={totals['ray']:.1f} local_seconds={totals['local']:.1f} ratio={totals['ray'] / totals['local']:.3f}"
+        print(line)
+        write_result("fleet", {**line_figures(line), "settings": {
+            "rounds": args.rounds, "order": "alternating (local first, then Ray first); the figures sum the rounds",
+            "models": "cnn, transformer (the bundled examples)", "backends": ", ".join(args.backend) or "the strategy's",
+            "serve_search": args.serve_search, "ray": "a local Ray started by each run" if args.local_ray else "a head started on 127.0.0.1 before timing"}})
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -28,6 +28,7 @@ Usage: .venv/bin/python benchmarks/noisy_choice.py [--runs 3] [--models cnn,tran
        [--burst-on 2] [--burst-off 3] [--spin-cores 1] [--concurrency N] [--keep] [-- EXTRA EXPORT ARGS]
 Ends with one line per model and load:
   noisy_choice model=NAME load=steady|bursts runs=N min_ratio=X ratio_lo=L ratio_hi=H same_choice=K/N
+and writes benchmarks/results/noisy_choice.json (results.py): those figures per model and load, with the settings.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results: the benchmarks' records
+
+from results import line_figures, merge_models, write_result  # noqa: E402
 
 MODELS = {
     "cnn": [],  # the bundled example CNN: export without MODEL
@@ -314,8 +319,9 @@ def report_ratio(label: str, blocks: list[float]) -> None:
     print(f"{label}: ratio {ratio:.3f} ({interval}; blocks {', '.join(f'{b:.3f}' for b in blocks)})", flush=True)
 
 
-def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[Path]) -> list[str]:
-    """Export quietly and busily, serve every result on the quiet machine, and return one line per load."""
+def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[Path], figures: dict[str, Any] | None = None) -> list[str]:
+    """Export quietly and busily, serve every result on the quiet machine, and return one line per load; `figures`
+    gets the model's record entry: per load, the line's figures, the load served at and the quiet choice."""
     def fresh(label: str) -> Run:
         workdir = Path(tempfile.mkdtemp(prefix=f"noisy_choice-{name}-{label}-"))
         dirs.append(workdir)
@@ -352,6 +358,9 @@ def run_model(name: str, args: argparse.Namespace, extra: list[str], dirs: list[
         agree = sum(same_choice(r, quiet) for r in runs)
         lines.append(f"noisy_choice model={name} load={load} runs={len(runs)} min_ratio={low:.3f} ratio_lo={number(lo)} "
                      f"ratio_hi={number(hi)} same_choice={agree}/{len(runs)}")
+        if figures is not None:
+            fields = {k: v for k, v in line_figures(lines[-1]).items() if k not in ("model", "load")}
+            figures.setdefault(name, {})[load] = {**fields, "concurrency": concurrency or "n/a", "quiet_choice": quiet.choice()}
     return lines
 
 
@@ -383,9 +392,10 @@ def main() -> None:
         parser.error("--runs, --pairs and --spin-cores must be at least 1, --burst-on and --burst-off above 0, --window-ms at least 100")
     dirs: list[Path] = []
     lines: list[str] = []
+    figures: dict[str, Any] = {}
     try:
         for name in models:
-            lines += run_model(name, args, extra, dirs)
+            lines += run_model(name, args, extra, dirs, figures)
     finally:
         if args.keep:
             print("kept: " + " ".join(map(str, dirs)), flush=True)
@@ -394,6 +404,10 @@ def main() -> None:
                 shutil.rmtree(d, ignore_errors=True)
     for line in lines:
         print(line)
+    write_result("noisy_choice", merge_models("noisy_choice", figures, {"settings": {
+        "runs": args.runs, "pairs": args.pairs, "loads": ", ".join(args.loads), "window_ms": args.window_ms, "spin_cores": args.spin_cores,
+        "burst_on_s": args.burst_on, "burst_off_s": args.burst_off, "extra_export_args": " ".join(extra) or "none",
+        "interval": "90%, Student's t over a run's ABBA block log ratios; ratio_lo/ratio_hi are the worst run's"}}))
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ generated samples and the served search off, so INT8 candidates are built too, a
 beside the best fp32 one in the rules' configs). Both are loaded into one local tritonserver (stand-in backends: pip
 openvino / torch / onnxruntime in Triton's python backend) and perf_analyzer measures them at that concurrency on the
 profiled sample, in alternating rounds (A B B A ...); the served ratio is the ratio of the medians. Timings on a shared
-machine move 10-30%: run it when it is quiet.
+machine move: run it when it is quiet.
 
     .venv/bin/python benchmarks/precision.py [--models cnn,transformer,resnet,encoder] [--int8] [--concurrency 8] [--rounds 4]
 
 One line per model, the last lines machine-readable:
     precision model=NAME chosen=BACKEND/PRECISION served_ratio=X in_process_ratio=Y cosine=Z
+and benchmarks/results/precision.json (results.py): those figures per model ("NAME --int8" with --int8), with the settings.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # results: the benchmarks' records
 
 from optimizer.model.reference import resolve_signature  # noqa: E402
 from optimizer.model.samples import ShapePoint, generate_feed, load_feeds, save_feeds  # noqa: E402
@@ -48,6 +50,7 @@ from optimizer.triton.publish import PublishOptions, publish  # noqa: E402
 from optimizer.triton.server import LocalTritonServer  # noqa: E402
 from optimizer.triton.validation.checks import reference_feeds  # noqa: E402
 from optimizer.triton.validation.expectation import load_export_reference  # noqa: E402
+from results import line_figures, merge_models, write_result  # noqa: E402
 
 MODELS = {
     "cnn": ("optimizer.examples.cnn:build", []),
@@ -57,7 +60,7 @@ MODELS = {
 }
 """The bundled examples, an image model and a text encoder (random weights, seeded). The transformer is exported as its
 module says (a dynamic sequence of 1-128 tokens), so it is measured at 128 tokens; without --input its 16-token example
-fixes the shape, and at about 2500 requests/s the server's per-request cost hid the model's (served 0.97x, in-process 1.39x)."""
+fixes the shape, and at that size the server's per-request cost hides the model's."""
 
 
 def precision_of(cand: dict) -> str:
@@ -76,8 +79,7 @@ def samples_for(spec: str, extra: list[str], path: Path) -> Path:
 def export(spec: str, extra: list[str], root: Path, int8: bool, concurrency: int, precision: str = "auto", name: str = "reduced") -> dict:
     """One export into root/repo/NAME. Without --int8 the served search runs for the benchmark's load, so each side is
     served in the config the tool publishes for it: the rules' config alone put the bundled transformer's OpenVINO
-    winner at max_batch_size 128 (its in-process peak), which the openvino backend pads every execution to (0.07x at
-    concurrency 8). --int8 republishes the best INT8 candidate from the result, so its exports keep the rules' configs."""
+    winner at max_batch_size 128 (its in-process peak), which the openvino backend pads every execution to. --int8 republishes the best INT8 candidate from the result, so its exports keep the rules' configs."""
     report = root / ("report" if name == "reduced" else f"report-{name}")
     search = ["--serve-search", "off"] if int8 else ["--concurrency", str(concurrency)]
     cmd = [sys.executable, "-m", "optimizer.cli", "-q", "export", spec, *extra, "--repository", str(root / "repo"),
@@ -125,7 +127,9 @@ def served(root: Path, names: list[str], concurrency: int, rounds: int) -> dict[
     return out
 
 
-def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
+def one(name: str, int8: bool, concurrency: int, rounds: int, info: dict | None = None) -> str:
+    """The model's line; `info` gets what the line does not say (the candidates compared, the rounds served)."""
+    info = {} if info is None else info
     spec, extra = MODELS[name]
     with tempfile.TemporaryDirectory(prefix=f"precision-{name}-") as tmp:
         root = Path(tmp)
@@ -155,6 +159,7 @@ def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
         acc = (chosen.get("correctness") or {}).get("accuracy") or {}
         cosine = min((o["cosine"] for o in acc.get("outputs", [])), default=1.0)
         label = f"{chosen['backend']}/{precision_of(chosen)}"
+        info.update(chosen_candidate=chosen["name"], fp32_candidate=fp32["name"] if fp32 else "none")
         if fp32 is None:
             return f"precision model={name} chosen={label} served_ratio=nan in_process_ratio=nan cosine={cosine:.6f} (no fp32 candidate passed)"
         in_process = best[chosen["name"]] / best[fp32["name"]]
@@ -166,12 +171,14 @@ def one(name: str, int8: bool, concurrency: int, rounds: int) -> str:
         else:  # the fp32 side as the tool publishes it for this load: its own export, served search included
             served_fp32 = export(spec, extra, root, False, concurrency, precision="fp32", name="fp32")["result"]["selected"]
             print(f"  fp32 export chose {served_fp32} (in-process best fp32 above: {fp32['name']})", flush=True)
+            info["fp32_served"] = served_fp32
         mbs = {n: parse((root / "repo" / n / "config.pbtxt").read_text()).max_batch_size for n in ("reduced", "fp32")}
         print(f"  served: reduced = {chosen['name']} (max batch {mbs['reduced']}), fp32 (max batch {mbs['fp32']}), "
               f"concurrency {concurrency}", flush=True)
         tput = served(root, ["fp32", "reduced"], concurrency, rounds)
         ratio = statistics.median(tput["reduced"]) / statistics.median(tput["fp32"]) if tput["fp32"] else float("nan")
         print(f"  served over {len(tput['fp32'])} of {rounds} rounds", flush=True)
+        info["served_rounds"] = len(tput["fp32"])
         return f"precision model={name} chosen={label} served_ratio={ratio:.2f} in_process_ratio={in_process:.2f} cosine={cosine:.6f}"
 
 
@@ -182,12 +189,18 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="perf_analyzer's concurrency for both models")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (A B B A ...); medians are compared")
     args = parser.parse_args()
-    lines = []
+    lines, figures = [], {}
     for name in args.models.split(","):
         print(f"{name}:", flush=True)
-        lines.append(one(name, args.int8, args.concurrency, args.rounds))
+        info: dict = {}
+        lines.append(one(name, args.int8, args.concurrency, args.rounds, info))
         print(lines[-1], flush=True)
+        figures[f"{name} --int8" if args.int8 else name] = {**{k: v for k, v in line_figures(lines[-1]).items() if k != "model"}, **info}
     print("\n".join(lines))
+    write_result("precision", merge_models("precision", figures, {"settings": {
+        "rounds": args.rounds, "concurrency": args.concurrency, "int8": args.int8,
+        "served_ratio": "median reduced / median fp32 over the rounds both were measured in (A B B A ...); no interval",
+        "in_process_ratio": "the chosen candidate's best throughput over the best fp32 candidate's, one export"}}))
     return 0
 
 

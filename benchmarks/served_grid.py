@@ -18,11 +18,12 @@ The load is the export's (report.json -> published.served_search): the concurren
 variant at (the target load; for a max-throughput export the concurrency where the published variant peaked), and
 with a latency budget only grid points that meet it at that load count. `--concurrency N` overrides it.
 
-How the ratio is measured (one run of the grid is not a measurement: three runs on one repository gave 0.887, 1.046
-and 0.862): 1. the emitted config, then every grid point once; 2. every grid point within 10% of the grid's best is
-measured again, and again for points that come within 10% of the best mean once a lucky maximum has fallen (each point
-at most twice); the best is the highest mean, always of two measurements; 3. the emitted config and that best are
-measured in --rounds paired rounds whose order alternates (emitted, best, best, emitted, ...), so drift hits both.
+How the ratio is measured (one pass over the grid is not a measurement: a config's throughput moves from one
+measurement to the next, so the best of one pass is partly luck): 1. the emitted config, then every grid point once;
+2. every grid point within 10% of the grid's best is measured again, and again for points that come within 10% of the
+best mean once a lucky maximum has fallen (each point at most twice); the best is the highest mean, always of two
+measurements; 3. the emitted config and that best are measured in --rounds paired rounds whose order alternates
+(emitted, best, best, emitted, ...), so drift hits both.
 Only the paired rounds count: choosing the best on other measurements keeps the winner's luck out of the ratio.
 The ratio is the geometric mean of the per-round ratios emitted/best, with a 90% interval from Student's t over
 their logarithms (emitted= and best= are the geometric means of the rounds, so emitted/best = ratio).
@@ -39,6 +40,7 @@ rounds (its own figure, from its own server minutes earlier, goes to the JSON); 
 The full grid goes to served_grid.json beside the report; the last line is machine-readable:
     served_grid model=<name> emitted=<inf/s> best=<inf/s> ratio=<emitted/best> ratio_lo=<90% low> ratio_hi=<90% high>
         emitted_p95_ms=<ms> best_p95_ms=<ms> grid_seconds=<s> [ma_best=<inf/s> ma_seconds=<s>]
+and its figures, with the load, the configs compared and the rounds, go to benchmarks/results/served_grid.json (results.py).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # served_lab: the benchmarks' measuring parts
 
+from results import line_figures, merge_models, write_result  # noqa: E402
 from served_lab import Lab, Load, Refused, Variant, locally, open_export, point_of, show  # noqa: E402
 
 from optimizer.errors import ValidationError  # noqa: E402
@@ -360,8 +363,17 @@ def main() -> int:
                      "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi, "interval": "90%, Student's t over the per-round log ratios",
                      "grid_seconds": round(grid_seconds, 1), "grid": rows, "model_analyzer": ma})
     print(f"wrote {out}")
-    print(f"served_grid model={target.name} emitted={emitted_tp:.1f} best={best_tp:.1f} ratio={ratio:.3f} ratio_lo={lo:.3f} "
-          f"ratio_hi={hi:.3f} emitted_p95_ms={emitted_p95:.1f} best_p95_ms={best_p95:.1f} grid_seconds={grid_seconds:.0f}{ma_line}")
+    line = (f"served_grid model={target.name} emitted={emitted_tp:.1f} best={best_tp:.1f} ratio={ratio:.3f} ratio_lo={lo:.3f} "
+            f"ratio_hi={hi:.3f} emitted_p95_ms={emitted_p95:.1f} best_p95_ms={best_p95:.1f} grid_seconds={grid_seconds:.0f}{ma_line}")
+    print(line)
+    entry = {**{k: v for k, v in line_figures(line).items() if k != "model"}, "paired_rounds": len(pairs), "concurrency": load.concurrency,
+             "load": load.source, "emitted_config": emitted.point.label, "best_config": best.point.label, "grid_points": len(points),
+             "failed_points": len(rows) - len(measured), "max_batch_cap": cap, "quick": args.quick,
+             "platform": target.config.platform or target.config.backend, "cores": cores}
+    write_result("served_grid", merge_models("served_grid", {target.name: entry}, {"settings": {
+        "rounds": rounds, "order": "emitted, best, best, emitted, ... (alternating)",
+        "interval": "90%, Student's t over the per-round log ratios emitted/best", "recheck": f"grid points within {RECHECK:.0%} of the best measured twice",
+        "model_analyzer": args.model_analyzer}}))
     return 0
 
 

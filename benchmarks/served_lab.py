@@ -74,6 +74,7 @@ class Variant:
     extra: dict[str, bytes] = field(default_factory=dict)
     reason: str = ""  # why it could not be rendered (then it is not loaded)
     batching: bool = True
+    padded: bool = False  # its requests are the traffic padded to the export's bucket edges (the client contract says so)
 
 
 class Refused(Exception):
@@ -110,10 +111,12 @@ class Export:
         return self.target.repository / self.target.name
 
     def emitted(self, label: str = "emitted") -> Variant:
-        """The published config as published (never re-rendered), with the files it names beside the version folders."""
+        """The published config as published (never re-rendered), with the files it names beside the version folders; its
+        requests padded to the export's bucket edges when the export tells clients to pad."""
         files = {str(p.relative_to(self.model_dir)): p.read_bytes() for p in self.model_dir.rglob("*")
                  if p.is_file() and p.name != "config.pbtxt" and not p.relative_to(self.model_dir).parts[0].isdigit()}
-        return Variant(label, point_of(self.target.config, self.thread_parameter), locally((self.model_dir / "config.pbtxt").read_text()), files)
+        return Variant(label, point_of(self.target.config, self.thread_parameter), locally((self.model_dir / "config.pbtxt").read_text()), files,
+                       padded=bool(self.search is not None and self.search.padded))  # sent as its clients are told to send
 
     def variant(self, point: OperatingPoint, label: str | None = None) -> Variant:
         """A point's config exactly as the export would publish it (publish.prepare_config with the point), as the search renders."""
@@ -136,11 +139,12 @@ def open_export(repo: Path, model: str | None, report_hint: Path | None) -> Expo
         result, settings, doc = read_report(report)
     except OptimizerError as err:
         raise Refused(str(err)) from err
-    feed = Path(result.reference.profile_feed)
-    if not feed.is_file():  # report paths are relative to where the export ran
-        result.reference = replace(result.reference, profile_feed=str(report.parent / "samples" / feed.name))
-        if not Path(result.reference.profile_feed).is_file():
-            raise Refused(f"the export's request mix {feed} is gone (also not in {report.parent / 'samples'}); re-run the export")
+    for key in ("profile_feed", "traffic"):  # report paths are relative to where the export ran
+        recorded = getattr(result.reference, key)
+        if recorded and not Path(recorded).is_file():
+            result.reference = replace(result.reference, **{key: str(report.parent / "samples" / Path(recorded).name)})
+            if not Path(getattr(result.reference, key)).is_file():
+                raise Refused(f"the export's request mix {recorded} is gone (also not in {report.parent / 'samples'}); re-run the export")
     inner = front_step(public.config)
     target = resolve_target(public.repository, inner) if inner else public
     home = prepare_home(find_triton(), homes_root(None))
@@ -187,8 +191,10 @@ class Lab:
     A context manager: the server, its private repository (the published version folders linked, the config's files
     written) and every variant loaded are gone when it exits."""
 
-    def __init__(self, export: Export, load: Load, workdir: Path) -> None:
-        self.export, self.load, self.workdir = export, load, workdir
+    def __init__(self, export: Export, load: Load, workdir: Path, traffic: Path | None = None) -> None:
+        """`traffic`: a perf_analyzer --input-data JSON to send instead of the export's own traffic (checked against its
+        signature)."""
+        self.export, self.load, self.workdir, self.traffic = export, load, workdir, traffic
         self.extras: dict[str, dict[str, bytes]] = {}  # private name -> the files its config names
         self.count = 0
         self.mix = ""
@@ -197,7 +203,9 @@ class Lab:
     def __enter__(self) -> Lab:
         repo = self.workdir / "repo"
         repo.mkdir(parents=True)
-        data, self.mix, rows = request_mix(self.export.result, self.workdir)
+        data, self.mix, rows = self._mix()
+        padding = self.export.search.client_padding if self.export.search is not None and self.export.search.padded else None
+        padded_data, _, padded_rows = self._mix(padding) if padding else (data, "", rows)
         plain = write_input_data(self.workdir / "perf_analyzer_input_unbatched.json", rows, batching=False)
         try:
             server = self._stack.enter_context(LocalTritonServer(repo, log_path=self.workdir / "tritonserver.log", home=self.export.home))
@@ -208,7 +216,23 @@ class Lab:
             raise
         self.bench = Bench(server.grpc_url, data, rows, self.workdir, protocol=LOCAL_PROTOCOL)
         self.plain_bench = replace(self.bench, input_data=plain)  # the batch axis as an ordinary dim (max_batch_size 0)
+        self.padded_bench = replace(self.bench, input_data=padded_data, rows=padded_rows)
         return self
+
+    def _mix(self, padding: dict[str, Any] | None = None) -> tuple[Path, str, list[dict[str, Any]]]:
+        """The requests to send: the given traffic file, else the export's own traffic (padded as its clients are told)."""
+        if self.traffic is None:
+            return request_mix(self.export.result, self.workdir, padding=padding, name=f"perf_analyzer_input{'_padded' if padding else ''}.json")
+        from optimizer.model.signature import Signature
+        from optimizer.model.traffic import load_traffic
+
+        sig = Signature.from_json(self.export.result.signature)
+        traffic = load_traffic(self.traffic, sig)
+        if padding:
+            traffic = traffic.padded(sig, list(padding["edges"]))
+        feeds = traffic.sent()
+        path = write_input_data(self.workdir / f"traffic_input{'_padded' if padding else ''}.json", feeds, sig.batching)
+        return path, f"{self.traffic.name}{' padded' if padding else ''} ({len(feeds)} requests)", feeds
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
@@ -234,19 +258,19 @@ class Lab:
         self.extras.update({n: v.extra for n, v in loadable.items()})
         return self.loader.load({n: v.text for n, v in loadable.items()}) if loadable else {}
 
-    def _one(self, name: str, v: Variant, window_ms: int) -> dict[str, Any]:
-        """Warm one loaded variant and measure it at the load: the row the JSON keeps."""
+    def _one(self, name: str, v: Variant, window_ms: int, concurrency: int | None = None) -> dict[str, Any]:
+        """Warm one loaded variant and measure it at the load (or `concurrency`): the row the JSON keeps."""
         from tritonclient.utils import InferenceServerException
 
         from optimizer.triton.server import triton_message
 
-        bench = self.bench if v.batching else self.plain_bench
+        bench = self.padded_bench if v.padded else self.bench if v.batching else self.plain_bench
         t0, ticks = time.monotonic(), cpu_ticks()
-        c = self.load.concurrency
+        c = concurrency or self.load.concurrency
         try:
             warm_up(bench, name, c, WARMUP_PER_SLOT * c)
             level = measure_level(bench, name, c, window_ms)
-            row: dict[str, Any] = {"status": "measured", **level.to_json(), "meets": self.load.meets(level)}
+            row: dict[str, Any] = {"status": "measured", **level.to_json(), "meets": self.load.meets(level) if not concurrency else True}
         except ValidationError as err:
             row = {"status": "failed", "reason": " ".join(str(err).split())[:400]}
         except (InferenceServerException, OSError) as err:  # refused the warm-up, or the connection closed as it died
@@ -254,25 +278,28 @@ class Lab:
         seconds = time.monotonic() - t0
         return {**row, "seconds": round(seconds, 2), "others_cpu": others_cpu(ticks, seconds)}
 
-    def measure(self, variants: list[Variant], window_ms: int, tag: str) -> list[dict[str, Any]]:
-        """Each variant once (loaded LOAD_GROUP at a time, measured one after another, unloaded); rows in input order."""
+    def measure(self, variants: list[Variant], window_ms: int, tag: str, loads: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+        """Each variant once (loaded LOAD_GROUP at a time, measured one after another, unloaded); rows in input order. With
+        `loads`, each variant at each of them: one row per variant and load."""
         rows: list[dict[str, Any]] = []
         for start in range(0, len(variants), LOAD_GROUP):
             names = self._names(variants[start:start + LOAD_GROUP])
             errors = self._load(names)
             try:
                 for name, v in names.items():
-                    if v.reason or name in errors:
-                        row = {"status": "failed", "reason": v.reason or f"Triton could not load it: {errors[name]}"}
-                    else:
-                        row = self._one(name, v, window_ms)
-                    rows.append({"label": v.label, "point": v.point.to_json(), **row})
-                    show(f"{tag} {len(rows)}/{len(variants)}", v, rows[-1])
+                    for c in loads or (None,):
+                        if v.reason or name in errors:
+                            row = {"status": "failed", "reason": v.reason or f"Triton could not load it: {errors[name]}"}
+                        else:
+                            row = self._one(name, v, window_ms, c)
+                        rows.append({"label": v.label, "point": v.point.to_json(), **row})
+                        show(f"{tag} {len(rows)}/{len(variants) * max(1, len(loads))}", v, rows[-1])
             finally:
                 self.loader.unload(list(names))
         return rows
 
-    def rounds(self, variants: list[Variant], count: int, window_ms: int, on_row: Callable[[int, Variant, dict[str, Any]], None]) -> list[list[dict[str, Any]]]:
+    def rounds(self, variants: list[Variant], count: int, window_ms: int, on_row: Callable[[int, Variant, dict[str, Any]], None],
+               concurrency: int | None = None) -> list[list[dict[str, Any]]]:
         """The variants loaded side by side and measured in `count` rounds whose order reverses every round (a b, b a, a b,
         ...: for two, emitted best best emitted); one list of rows per variant. ValidationError when one does not load."""
         names = self._names(variants)
@@ -285,7 +312,7 @@ class Lab:
             order = list(enumerate(names.items()))
             for r in range(count):
                 for i, (name, v) in order if r % 2 == 0 else order[::-1]:
-                    out[i].append(self._one(name, v, window_ms))
+                    out[i].append(self._one(name, v, window_ms, concurrency))
                     on_row(r, v, out[i][-1])
         finally:
             self.loader.unload(list(names))

@@ -15,6 +15,7 @@ that is not a served-search point (the batch axis becomes an ordinary dim), so i
 
 The last line is machine-readable:
     served_throughput model=<name> emitted=<inf/s> naive=<inf/s> ratio=<emitted/naive>
+and its figures (with --diagnose, each variant's too) go to benchmarks/results/served_throughput.json (results.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # served_lab: the benchmarks' measuring parts
 
+from results import line_figures, merge_models, write_result  # noqa: E402
 from served_lab import Export, Lab, Load, Refused, Variant, open_export, point_of  # noqa: E402
 
 from optimizer.errors import ValidationError  # noqa: E402
@@ -134,7 +136,17 @@ def main() -> int:
     print(f"emitted: {emitted.point.label}")
     for v in variants[2:]:
         print(f"diagnose {v.label:<28} {medians[v.label]:8.1f} infer/s = {medians[v.label] / plain:.2f}x naive ({v.point.label})")
-    print(f"served_throughput model={name} emitted={served:.1f} naive={plain:.1f} ratio={ratio:.2f}")
+    line = f"served_throughput model={name} emitted={served:.1f} naive={plain:.1f} ratio={ratio:.2f}"
+    print(line)
+    measured = {v.label: sum(r["status"] == "measured" for r in rows) for v, rows in zip(variants, results)}
+    entry = {**{k: v for k, v in line_figures(line).items() if k != "model"}, "concurrency": args.concurrency,
+             "emitted_rounds": measured[emitted.label], "naive_rounds": measured[f"{name}_naive"], "emitted_config": emitted.point.label}
+    if variants[2:]:
+        entry["diagnose"] = {v.label.removeprefix(f"{name}_"): {"throughput": round(medians[v.label], 1), "vs_naive": round(medians[v.label] / plain, 2),
+                                                                 "config": v.point.label} for v in variants[2:]}
+    write_result("served_throughput", merge_models("served_throughput", {name: entry}, {"settings": {
+        "rounds": args.rounds, "order": "alternating (A B, B A, ...)", "ratio": "median emitted / median naive over the measured rounds; no interval",
+        "diagnose": args.diagnose}}))
     return 0
 
 

@@ -8,23 +8,30 @@ show whether the choice repeats.
 
 Usage: .venv/bin/python benchmarks/tune_quality.py [--models cnn,transformer] [--repeats 2]
 Ends with one line per model: tune_quality model=<name> ratio=<r> tune_seconds=<s>
+and writes benchmarks/results/tune_quality.json (results.py): those figures per model, with the choice, the best
+measured anywhere and the choices of every run.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from optimizer.app.export import export
-from optimizer.records.candidate import Candidate
-from optimizer.records.measurements import BatchPolicy
-from optimizer.settings import ExportSettings
-from optimizer.task.evaluation import MeasureJob
-from optimizer.task.isolation import run_isolated
-from optimizer.task.profiling import ProfileSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results: the benchmarks' records
+
+from results import line_figures, merge_models, write_result  # noqa: E402
+
+from optimizer.app.export import export  # noqa: E402
+from optimizer.records.candidate import Candidate  # noqa: E402
+from optimizer.records.measurements import BatchPolicy  # noqa: E402
+from optimizer.settings import ExportSettings  # noqa: E402
+from optimizer.task.evaluation import MeasureJob  # noqa: E402
+from optimizer.task.isolation import run_isolated  # noqa: E402
+from optimizer.task.profiling import ProfileSettings  # noqa: E402
 
 MODELS = {
     "cnn": {"model": "optimizer.examples.cnn:build"},
@@ -56,7 +63,8 @@ def exhaustive(result, cand: Candidate, ladder: tuple[int, ...], workdir: Path) 
     return {p.batch_size: p.throughput for p in measured.decision.profiles}
 
 
-def run_model(name: str, spec: dict, repeats: int, root: Path) -> tuple[float, float]:
+def run_model(name: str, spec: dict, repeats: int, root: Path) -> tuple[float, float, dict]:
+    """(chosen/best throughput, the first export's seconds, what the record says beside them)."""
     runs = []
     for i in range(repeats):
         out = root / f"{name}-{i}"
@@ -79,7 +87,10 @@ def run_model(name: str, spec: dict, repeats: int, root: Path) -> tuple[float, f
     chosen = max(t for b, t in chosen_row.items() if b <= max(result.max_batch_size, 1))
     print(f"{name}: best measured {best:.1f}/s ({best_name} at batch {best_batch}); chosen {chosen:.1f}/s ({result.selected} up to batch {result.max_batch_size})")
     print(f"{name}: max_batch_size over {repeats} runs: {[o.result.max_batch_size for o, _ in runs]}; selected: {[o.result.selected for o, _ in runs]}")
-    return chosen / best, runs[0][1]
+    detail = {"selected": result.selected, "max_batch_size": result.max_batch_size, "chosen": round(chosen, 1), "best": round(best, 1),
+              "best_candidate": best_name, "best_batch": best_batch, "selected_per_run": ", ".join(o.result.selected for o, _ in runs),
+              "max_batch_size_per_run": ", ".join(str(o.result.max_batch_size) for o, _ in runs)}
+    return chosen / best, runs[0][1], detail
 
 
 def main() -> None:
@@ -87,13 +98,17 @@ def main() -> None:
     parser.add_argument("--models", default="cnn,transformer")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    lines = []
+    lines, figures = [], {}
     with tempfile.TemporaryDirectory(prefix="tune_quality-") as tmp:
         for name in args.models.split(","):
-            ratio, seconds = run_model(name, MODELS[name], args.repeats, Path(tmp))
+            ratio, seconds, detail = run_model(name, MODELS[name], args.repeats, Path(tmp))
             lines.append(f"tune_quality model={name} ratio={ratio:.3f} tune_seconds={seconds:.1f}")
+            figures[name] = {**{k: v for k, v in line_figures(lines[-1]).items() if k != "model"}, **detail}
     for line in lines:
         print(line)
+    write_result("tune_quality", merge_models("tune_quality", figures, {"settings": {
+        "repeats": args.repeats, "ladder": ", ".join(map(str, LADDER)),
+        "ratio": "chosen / best throughput, each the most one measurement gave (exhaustive pass, one process per candidate); no interval"}}))
 
 
 if __name__ == "__main__":

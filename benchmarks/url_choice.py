@@ -20,7 +20,8 @@ Ends with one line per model:
 (min_ratio: the lowest URL/local ratio over the runs; ratio_lo/ratio_hi: that run's 90% interval; left_loaded: models
 READY on the server after an export that were not before, summed over the runs; variant_cost_ratio: the median over
 the pairs of the URL search's median seconds per variant over the local one's (the issue's "a variant over the URL
-costs no more than a local variant"); a failed export counts as ratio 0.)
+costs no more than a local variant"); a failed export counts as ratio 0.) It writes benchmarks/results/url_choice.json
+(results.py): those figures per model, with the settings.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from noisy_choice import MODELS, Run, export_once, number, run_ratio, same_choice, serve_and_compare, summary
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # noisy_choice and results: the benchmarks' own parts
+
+from noisy_choice import MODELS, Run, export_once, number, run_ratio, same_choice, serve_and_compare, summary  # noqa: E402
+from results import line_figures, merge_models, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,6 +178,11 @@ def main() -> None:
                 shutil.rmtree(d, ignore_errors=True)
     for line in lines:
         print(line)
+    figures = {name: {k: v for k, v in line_figures(line).items() if k != "model"} for name, line in zip(models, lines)}
+    write_result("url_choice", merge_models("url_choice", figures, {"settings": {
+        "runs": args.runs, "pairs": args.pairs, "concurrency": args.concurrency, "window_ms": args.window_ms,
+        "extra_export_args": " ".join(extra) or "none", "protocol": "grpc",
+        "interval": "90%, Student's t over a pair's ABBA block log ratios; ratio_lo/ratio_hi are the worst pair's"}}))
 
 
 if __name__ == "__main__":
