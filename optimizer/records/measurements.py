@@ -101,7 +101,7 @@ class MaxBatchDecision:
     measured_max: int = 0  # the max batch as measured, when it was measured on fewer cores and scaled (0: not scaled)
     scaled_by: float = 1.0  # available cores / measured cores (task/core_share.py)
     fit_checked: list[int] = field(default_factory=list)  # past a saturation stop, run once each to check they fit (not profiled)
-    tail: BatchProfile | None = None  # the traffic's p90 request, tiled to the peak batch (None: the traffic has one shape)
+    tail: BatchProfile | None = None  # the traffic's p90 request alone (batch 1): the tail a lone client sees (None: one shape)
     fit_shape: str = ""  # the request shape the fit checks ran at (the traffic's largest), when it is not the profiled one
 
     @property

@@ -144,7 +144,7 @@ def traffic_section(traffic: dict[str, Any] | None) -> str:
     if summary is None:
         return ""
     lines = ["## Traffic", "", f"Tuned for {_cell(summary.describe())}. In-process profiling measured the median request, the p90 request "
-             "at the peak batch and whether batches of the largest fit; the served search and `validate` send the requests in their ratios.", ""]
+             "alone and whether batches of the largest fit; the served search and `validate` send the requests in their ratios.", ""]
     rows = [[_cell(label), str(count), f"{100 * count / max(1, summary.requests):.0f}%"] for label, count in summary.histogram[:TRAFFIC_ROWS]]
     if len(summary.histogram) > TRAFFIC_ROWS:
         rest = sum(c for _, c in summary.histogram[TRAFFIC_ROWS:])
@@ -302,7 +302,7 @@ def _max_batch(result: TuneResult, published_max: int | None = None) -> str:
 def validation_section(validation: dict[str, Any]) -> str:
     """What Triton itself said about the published model, beside what tuning predicted.
 
-    Reads validation.json as optimizer/triton/validation/record.py writes it (ValidationRecord.to_json()):
+    Reads validation.json as optimizer/triton/measure/validation/record.py writes it (ValidationRecord.to_json()):
     status and reason, loaded, stand_in / served_by, answers (one check per protocol: protocol, passed,
     max_abs, max_rel, error), oversize, perf (rows: concurrency, throughput, p95_ms, p99_ms, and the
     server's inference/execution counts), server_batch, predicted_throughput and throughput_ratio.

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 4
 """2: a decision carries the throughput peak and the largest batch that fit (older ones published past the peak); 3: past
 a saturation stop, the batches run once to check they fit (older ones leave the served search fewer maxima); 4: profiled at
-the traffic's median request, fit checked at its largest, with the p90 request at the peak."""
+the traffic's median request, fit checked at its largest, with the p90 request alone."""
 TRUSTED_CONTENTION = 0.25
 """A measurement taken while other processes used more than this share of the CPU is not reused."""
 

@@ -32,7 +32,7 @@ from optimizer.records.correctness import CorrectnessReport, tolerances_from_jso
 from optimizer.records.measurements import BatchPolicy, MaxBatchDecision
 from optimizer.task.correctness import compare_outputs
 from optimizer.task.device_memory import is_allocation_failure, release_device_memory
-from optimizer.task.find_max_batch_size import OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size
+from optimizer.task.find_max_batch_size import FIT_CHECK_MAX_MS, OutOfMemory, TimeBudgetExceeded, estimate_ceiling, find_max_batch_size
 from optimizer.task.profiling import ProfileSettings, measure_settled, peak_rss_mb
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,8 @@ def _gated_report(runner: Any, job: BuildJob, signature: Signature, feeds: list[
 
 
 TAIL_PROFILE = {"stable_windows": 2, "time_cap_s": 1.0}
-"""The p90 request at the peak is a figure for the report, not a decision: two stable windows, a second at most."""
+"""The traffic's p90 request, alone, is a figure for the report (the tail a lone client sees), not a decision: two stable
+windows, a second at most."""
 FIT_CHECK_MEMORY_SHARE = 0.5
 """The fit check past a saturation stop runs batches never profiled: it may take this share of the memory the machine has
 available, so a batch that would push the machine into swap or the OOM killer (which would end the candidate) is not run."""
@@ -290,17 +291,14 @@ def measure_candidate(payload: dict[str, Any]) -> dict[str, Any]:
             return ms
 
         try:
-            decision = find_max_batch_size(measure_batch, policy, signature.batching, fits)
+            scale = _elements(largest) / max(1, _elements(base))  # the largest request costs about this many median ones
+            decision = find_max_batch_size(measure_batch, policy, signature.batching, fits, fit_cost_scale=scale)
             if decision.profiles and signature.batching and _shape_of(largest) != _shape_of(base):
-                decision = fit_at_largest(decision, fits, _shape_of(largest))
+                decision = fit_at_largest(decision, fits, _shape_of(largest), scale)
             if decision.profiles and _shape_of(tail) != _shape_of(base) and not (job.deadline and time.time() > job.deadline):
-                at = decision.peak or decision.max_batch_size or 1
-                feed = tile_feed(tail, at) if signature.batching else tail
-                with _allocation_failure_as_out_of_memory(cand, at):
-                    runner.infer(feed)
-                    decision.tail = measure_settled(lambda: runner.run_unchecked(feed), at if signature.batching else 1, replace(settings, **TAIL_PROFILE))
-        except OutOfMemory:
-            decision.tail = None  # the p90 request at the peak did not fit: the fit check has already bounded the max
+                feed = tile_feed(tail, 1) if signature.batching else tail
+                runner.infer(feed)
+                decision.tail = measure_settled(lambda: runner.run_unchecked(feed), 1, replace(settings, **TAIL_PROFILE))
         except Exception as err:
             log.exception("%s | measurement failed", cand.name)
             return _failed(cand, "measure", f"measurement failed: {first_line(err)}")
@@ -320,11 +318,20 @@ def _shape_of(feed: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(a.shape) for a in feed.values())
 
 
-def fit_at_largest(decision: MaxBatchDecision, fits: Any, shape: tuple[tuple[int, ...], ...]) -> MaxBatchDecision:
+def _elements(feed: dict[str, Any]) -> int:
+    return sum(int(a.size) for a in feed.values())
+
+
+def fit_at_largest(decision: MaxBatchDecision, fits: Any, shape: tuple[tuple[int, ...], ...], scale: float = 1.0) -> MaxBatchDecision:
     """The curve was profiled at the traffic's median request: check that the largest batch said to fit also fits the
-    traffic's largest request, halving it (and the max and peak with it) until one does."""
+    traffic's largest request, halving it (and the max and peak with it) until one does. A batch whose inference of the
+    largest request would take over FIT_CHECK_MAX_MS (the profiled time scaled by rows and by `scale`) does not count as
+    fitting: no served config would use it."""
     largest = decision.largest_fit or decision.max_batch_size
+    top = max(decision.profiles, key=lambda p: p.batch_size)
     size = largest
+    while size > 1 and top.p50_ms * scale * size / top.batch_size > FIT_CHECK_MAX_MS:
+        size //= 2
     while size >= 1:
         try:
             fits(size)
@@ -333,7 +340,7 @@ def fit_at_largest(decision: MaxBatchDecision, fits: Any, shape: tuple[tuple[int
             size //= 2
         except TimeBudgetExceeded:
             return decision
-    decision.fit_shape = " x ".join("x".join(map(str, s[1:])) or "scalar" for s in shape)
+    decision.fit_shape = ", ".join("x".join(map(str, s[1:])) or "scalar" for s in shape)
     if size < largest:
         size = max(size, 1)
         decision.largest_fit = size

@@ -98,9 +98,10 @@ def _saturated(profiles: list[BatchProfile], gain: float, steps: int) -> bool:
 
 
 def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPolicy, batching: bool = True,
-                        fits: Callable[[int], float] | None = None) -> MaxBatchDecision:
+                        fits: Callable[[int], float] | None = None, fit_cost_scale: float = 1.0) -> MaxBatchDecision:
     """Run the search with `measure(batch) -> BatchProfile` (raising OutOfMemory / TimeBudgetExceeded); `fits(batch)` runs
-    one inference and returns its milliseconds (raising as `measure`), for the fit check past a saturation stop."""
+    one inference and returns its milliseconds (raising as `measure`), for the fit check past a saturation stop;
+    `fit_cost_scale`: how much dearer the request `fits` runs is than the profiled one."""
     if not batching:
         p = measure(1)
         return MaxBatchDecision([p], 0, 1, 1, "no_batching", peak=1, largest_fit=0, search_stop="no_batching")
@@ -158,7 +159,7 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
     best = max(good, key=lambda p: p.throughput)
     largest = good[-1].batch_size
     ceiling = largest if decided_by == "memory" else None
-    checked = _check_fit(fits, good[-1], policy) if fits is not None and decided_by == "saturation" else []
+    checked = _check_fit(fits, good[-1], policy, fit_cost_scale) if fits is not None and decided_by == "saturation" else []
     peak = peak_of(good)
     capped = policy.max_batch_size is None and peak < largest  # searched, not asked for: never past the peak
     return MaxBatchDecision(
@@ -178,12 +179,13 @@ def find_max_batch_size(measure: Callable[[int], BatchProfile], policy: BatchPol
     )
 
 
-def _check_fit(fits: Callable[[int], float], largest: BatchProfile, policy: BatchPolicy) -> list[int]:
+def _check_fit(fits: Callable[[int], float], largest: BatchProfile, policy: BatchPolicy, scale: float = 1.0) -> list[int]:
     """The batches past the `largest` profiled (doubling, up to FIT_PROBE_FACTOR x and the cap) that ran within memory
-    and the latency budget; the first that does not, or would take over FIT_CHECK_MAX_MS, ends the check."""
+    and the latency budget; the first that does not, or would take over FIT_CHECK_MAX_MS (the profiled time scaled by
+    the rows and by `scale`), ends the check."""
     checked, batch = [], largest.batch_size * 2
     while batch <= min(policy.cap, FIT_PROBE_FACTOR * largest.batch_size):
-        if largest.p50_ms * batch / largest.batch_size > FIT_CHECK_MAX_MS:
+        if largest.p50_ms * scale * batch / largest.batch_size > FIT_CHECK_MAX_MS:
             break
         try:
             ms = fits(batch)
