@@ -195,10 +195,10 @@ def private_configs(run: Run, index: int) -> list[tuple[str, Path, str]]:
 
     Each model is renamed to a private name of this run; an ensemble's step points at its positional model's private
     name; a platform the local 2.51 core lacks (torch_aoti) is translated as the served search does."""
-    from optimizer.triton.front import export_models
-    from optimizer.triton.local_serving import local_config, needs_translation
-    from optimizer.triton.model_config import canonical, parse
-    from optimizer.triton.served_search.loader import private_name
+    from optimizer.triton.repository.exports import export_models
+    from optimizer.triton.runtime.local_serving import local_config, needs_translation
+    from optimizer.triton.config.model_config import canonical, parse
+    from optimizer.triton.measure.served_search.loader import private_name
 
     model_dir = Path(run.report["published"]["model_dir"])
     models = export_models(model_dir.parent, model_dir.name)
@@ -223,7 +223,7 @@ def request_rows(input_data: Path, config_text: str) -> list[dict]:
     import numpy as np
     from tritonclient.utils import triton_to_np_dtype
 
-    from optimizer.triton.model_config import parse
+    from optimizer.triton.config.model_config import parse
 
     config = parse(config_text)
     def numpy_dtype(tensor: Any) -> Any:  # TYPE_INT64 -> int64, through tritonclient's table
@@ -245,12 +245,12 @@ def request_rows(input_data: Path, config_text: str) -> list[dict]:
 def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, pairs: int, workdir: Path, window_ms: int = 1000) -> None:
     """Serve the quiet run and every busy run on one bundled tritonserver and measure each busy run ABBA against the quiet one."""
     from optimizer.errors import ValidationError
-    from optimizer.triton.local_serving import private_model
-    from optimizer.triton.perf_analyzer import PerfAnalyzerFailed
-    from optimizer.triton.served_search.loader import VariantLoader
-    from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up
-    from optimizer.triton.served_search.request import LOCAL_PROTOCOL
-    from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, prepare_home
+    from optimizer.triton.runtime.local_serving import private_model
+    from optimizer.triton.runtime.perf_analyzer import PerfAnalyzerFailed
+    from optimizer.triton.measure.served_search.loader import VariantLoader
+    from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up
+    from optimizer.triton.measure.served_search.request import LOCAL_PROTOCOL
+    from optimizer.triton.runtime.server import LocalTritonServer, find_triton, homes_root, prepare_home
 
     repo = workdir / "serve-repository"
     repo.mkdir(parents=True, exist_ok=True)

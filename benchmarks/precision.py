@@ -37,19 +37,19 @@ from optimizer.model.samples import ShapePoint, generate_feed, load_feeds, save_
 from optimizer.model.signature import parse_value_range  # noqa: E402
 from optimizer.model.source import load_model  # noqa: E402
 from optimizer.records.tune_result import TuneResult  # noqa: E402
-from optimizer.triton.local_serving import local_config, needs_translation, private_model  # noqa: E402
-from optimizer.triton.model_config import canonical, parse  # noqa: E402
-from optimizer.triton.perf_analyzer import (  # noqa: E402
+from optimizer.triton.runtime.local_serving import local_config, needs_translation, private_model  # noqa: E402
+from optimizer.triton.config.model_config import canonical, parse  # noqa: E402
+from optimizer.triton.runtime.perf_analyzer import (  # noqa: E402
     ConcurrencyRange,
     PerfAnalyzerFailed,
     PerfSettings,
     run_perf_analyzer,
 )
-from optimizer.triton.perf_analyzer_input import write_input_data  # noqa: E402
-from optimizer.triton.publish import PublishOptions, publish  # noqa: E402
-from optimizer.triton.server import LocalTritonServer  # noqa: E402
-from optimizer.triton.validation.checks import reference_feeds  # noqa: E402
-from optimizer.triton.validation.expectation import load_export_reference  # noqa: E402
+from optimizer.triton.runtime.perf_analyzer_input import write_input_data  # noqa: E402
+from optimizer.triton.repository.publish import PublishOptions, publish  # noqa: E402
+from optimizer.triton.runtime.server import LocalTritonServer  # noqa: E402
+from optimizer.triton.measure.validation.checks import reference_feeds  # noqa: E402
+from optimizer.triton.measure.validation.expectation import load_export_reference  # noqa: E402
 from results import line_figures, merge_models, write_result  # noqa: E402
 
 MODELS = {

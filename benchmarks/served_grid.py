@@ -68,8 +68,8 @@ from served_lab import Lab, Load, Refused, Variant, locally, open_export, point_
 from optimizer.errors import ValidationError  # noqa: E402
 from optimizer.machine import cpu_cores  # noqa: E402
 from optimizer.records.served_search import OperatingPoint, ServedSearch  # noqa: E402
-from optimizer.triton.model_config import parse  # noqa: E402
-from optimizer.triton.served_search.objective import Objective  # noqa: E402
+from optimizer.triton.config.model_config import parse  # noqa: E402
+from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
 
 DELAYS_US = (0, 100, 1000)
 QUICK = {"batches": (1, 2, 4, 8, 16), "instances": (1, 2), "delays": (0, 1000)}

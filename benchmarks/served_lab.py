@@ -25,21 +25,21 @@ from optimizer.records.report_file import read_report  # noqa: E402
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, point_label  # noqa: E402
 from optimizer.records.tune_result import TuneResult  # noqa: E402
 from optimizer.settings import ExportSettings  # noqa: E402
-from optimizer.triton.front import front_step  # noqa: E402
-from optimizer.triton.local_serving import local_config, needs_translation  # noqa: E402
-from optimizer.triton.perf_analyzer import find_perf_analyzer  # noqa: E402
-from optimizer.triton.perf_analyzer_input import write_input_data  # noqa: E402
-from optimizer.triton.publish import PublishOptions, prepare_config  # noqa: E402
-from optimizer.triton.served_search.loader import VariantLoader, private_name  # noqa: E402
-from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up  # noqa: E402
-from optimizer.triton.served_search.objective import Objective  # noqa: E402
-from optimizer.triton.served_search.run import LOAD_GROUP  # noqa: E402
-from optimizer.triton.served_search.search import request_mix  # noqa: E402
-from optimizer.triton.served_search.servers import locally  # noqa: E402
-from optimizer.triton.served_search.request import LOCAL_PROTOCOL  # noqa: E402
-from optimizer.triton.server import LocalTritonServer, ServerHome, find_triton, homes_root, prepare_home  # noqa: E402
-from optimizer.triton.validation import find_export_report, resolve_target  # noqa: E402
-from optimizer.triton.validation.target import ModelTarget, local_servability  # noqa: E402
+from optimizer.triton.config.front import front_step  # noqa: E402
+from optimizer.triton.runtime.local_serving import local_config, needs_translation  # noqa: E402
+from optimizer.triton.runtime.perf_analyzer import find_perf_analyzer  # noqa: E402
+from optimizer.triton.runtime.perf_analyzer_input import write_input_data  # noqa: E402
+from optimizer.triton.repository.publish import PublishOptions, prepare_config  # noqa: E402
+from optimizer.triton.measure.served_search.loader import VariantLoader, private_name  # noqa: E402
+from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up  # noqa: E402
+from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
+from optimizer.triton.measure.served_search.run import LOAD_GROUP  # noqa: E402
+from optimizer.triton.measure.served_search.search import request_mix  # noqa: E402
+from optimizer.triton.measure.served_search.servers import locally  # noqa: E402
+from optimizer.triton.measure.served_search.request import LOCAL_PROTOCOL  # noqa: E402
+from optimizer.triton.runtime.server import LocalTritonServer, ServerHome, find_triton, homes_root, prepare_home  # noqa: E402
+from optimizer.triton.measure.validation import find_export_report, resolve_target  # noqa: E402
+from optimizer.triton.measure.target import ModelTarget, local_servability  # noqa: E402
 
 @dataclass(frozen=True)
 class Load:
@@ -262,7 +262,7 @@ class Lab:
         """Warm one loaded variant and measure it at the load (or `concurrency`): the row the JSON keeps."""
         from tritonclient.utils import InferenceServerException
 
-        from optimizer.triton.server import triton_message
+        from optimizer.triton.runtime.server import triton_message
 
         bench = self.padded_bench if v.padded else self.bench if v.batching else self.plain_bench
         t0, ticks = time.monotonic(), cpu_ticks()

@@ -36,8 +36,8 @@ from served_lab import Export, Lab, Load, Refused, Variant, open_export, point_o
 
 from optimizer.errors import ValidationError  # noqa: E402
 from optimizer.records.served_search import OperatingPoint  # noqa: E402
-from optimizer.triton.model_config import canonical, parse  # noqa: E402
-from optimizer.triton.served_search.objective import Objective  # noqa: E402
+from optimizer.triton.config.model_config import canonical, parse  # noqa: E402
+from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
 
 
 def naive_variant(export: Export, label: str) -> Variant:

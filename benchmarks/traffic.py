@@ -22,7 +22,6 @@ One line per model and load (the last lines), and a JSON record in benchmarks/re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -40,7 +39,7 @@ from traffic_models import BERT_VOCAB, write_traffic  # noqa: E402
 
 from optimizer.machine import cpu_cores  # noqa: E402
 from optimizer.records.served_search import OperatingPoint  # noqa: E402
-from optimizer.triton.served_search.objective import Objective  # noqa: E402
+from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
 
 MODELS = {
     "transformer": {"model": "optimizer.examples.transformer:build", "vocab": 1000, "mask": False,

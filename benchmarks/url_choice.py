@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start_serve(workdir: Path) -> tuple[subprocess.Popen, int, int]:
     """`aitune-export serve` on an empty repository of its own, in its own process; returns it once it is serving."""
-    from optimizer.triton.server import free_port
+    from optimizer.triton.runtime.server import free_port
 
     repo = workdir / "served"
     repo.mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,7 @@ def stop_serve(proc: subprocess.Popen) -> None:
 
 def ready_models(grpc_port: int) -> list[str]:
     """The names the server holds READY (its repository index over gRPC)."""
-    from optimizer.triton.server import open_client
+    from optimizer.triton.runtime.server import open_client
 
     client = open_client("grpc", f"127.0.0.1:{grpc_port}")
     try:

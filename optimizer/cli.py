@@ -254,8 +254,8 @@ def backends(device: str, check_imports: bool, precision: str, as_json: bool) ->
         b = cls(precision=precision)
         av = b.availability(where, quick=not check_imports)
         rows.append({"name": name, "platform": b.triton_platform or "(baseline, not published)", "available": av.ok, "reason": av.reason})
-    from optimizer.triton.perf_analyzer import perf_analyzer_status
-    from optimizer.triton.server import tritonserver_status
+    from optimizer.triton.runtime.perf_analyzer import perf_analyzer_status
+    from optimizer.triton.runtime.server import tritonserver_status
 
     tools = [tritonserver_status(), perf_analyzer_status()]
     if as_json:
@@ -358,8 +358,8 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
     """
     from optimizer.errors import SettingsError
     from optimizer.report.progress import choose_progress
-    from optimizer.triton.publish import repository_argument
-    from optimizer.triton.validation import validate as run_validate
+    from optimizer.triton.repository.publish import repository_argument
+    from optimizer.triton.measure.validation import validate as run_validate
 
     if url and local:
         _fail(SettingsError("give either --url HOST:PORT (a running server) or --local (start one), not both."))
@@ -396,7 +396,7 @@ def serve(ctx: click.Context, repo: str, http_port: int, grpc_port: int, model_c
     unsupported scheme).
     """
     from optimizer.app.serve import ServeRequest, Serving, serve as run_serve, stderr_sink
-    from optimizer.triton.publish import repository_argument
+    from optimizer.triton.repository.publish import repository_argument
 
     request = ServeRequest(repo if "://" in repo else str(repository_argument(repo)), http_port, grpc_port, model_control_mode, address, cache_dir)
 

@@ -1,4 +1,4 @@
-"""A publisher process for the kill and concurrency tests: publishes one model through optimizer.triton.repository.
+"""A publisher process for the kill and concurrency tests: publishes one model through optimizer.triton.repository.atomic.
 
     python -m tests.publisher_child REPO NAME --payload FILE [--version N] [--overwrite] [--stop-at POINT] [--log FILE] [--tag T]
 
@@ -15,8 +15,8 @@ import os
 import signal
 from pathlib import Path
 
-from optimizer.triton import repository
-from optimizer.triton.repository import ModelFiles, RepositoryState
+from optimizer.triton.repository import atomic as repository
+from optimizer.triton.repository.atomic import ModelFiles, RepositoryState
 
 
 def config_text(name: str, state: RepositoryState) -> str:

@@ -152,7 +152,7 @@ def test_a_repository_url_triton_cannot_read_is_refused_by_every_command_that_pu
 ])
 def test_other_schemes_are_refused_naming_what_is_supported(value: str, fragment: str):
     from optimizer.errors import SettingsError
-    from optimizer.triton.publish import repository_argument
+    from optimizer.triton.repository.publish import repository_argument
 
     with pytest.raises(SettingsError) as err:
         repository_argument(value)
@@ -160,7 +160,7 @@ def test_other_schemes_are_refused_naming_what_is_supported(value: str, fragment
 
 
 def test_local_paths_and_s3_urls_still_pass():
-    from optimizer.triton.publish import repository_argument
+    from optimizer.triton.repository.publish import repository_argument
 
     assert repository_argument("model_repository") == Path("model_repository")
     assert repository_argument("/srv/models:v2/repo") == Path("/srv/models:v2/repo")  # a colon inside a folder name is no scheme

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from optimizer.errors import PublishError
-from optimizer.triton.front import INNER_SUFFIX, VERSION_MARKER, export_models, inner_name
-from optimizer.triton.model_config import parse
-from optimizer.triton.publish import PublishOptions, check_target, publish
-from optimizer.triton.validation.target import composing_targets, resolve_target
+from optimizer.triton.config.front import INNER_SUFFIX, VERSION_MARKER, inner_name
+from optimizer.triton.repository.exports import export_models
+from optimizer.triton.config.model_config import parse
+from optimizer.triton.repository.publish import PublishOptions, check_target, publish
+from optimizer.triton.measure.target import composing_targets, resolve_target
 from tests.conftest import CLI, ROOT, ctrl_c_reaches_it, tree_snapshot
 from tests.triton_records import make_result, tensor
 
@@ -155,7 +156,7 @@ client.close()
 
 def start_serve(repo: Path | str, cwd: Path, env: dict | None = None, mode: str = "explicit") -> tuple[subprocess.Popen, int, int]:
     """`aitune-export serve REPO` in its own process on free loopback ports; returns it once it says it is serving."""
-    from optimizer.triton.server import free_port
+    from optimizer.triton.runtime.server import free_port
 
     http, grpc = free_port(), free_port()
     proc = subprocess.Popen([*CLI, "-q", "serve", str(repo), "--http-port", str(http), "--grpc-port", str(grpc),

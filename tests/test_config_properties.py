@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from optimizer.errors import OptimizerError
-from optimizer.triton.model_config import canonical, parse
-from optimizer.triton.publish import PublishOptions, prepare_config
+from optimizer.triton.config.model_config import canonical, parse
+from optimizer.triton.repository.publish import PublishOptions, prepare_config
 from tests.triton_records import make_result, profile, tensor
 
 DTYPES = ["float32", "float16", "int64", "int32", "int8", "uint8", "bool", "float64"]

@@ -21,7 +21,7 @@ from optimizer.task.core_share import PROBE_LONGEST_S, CoreShare, probe
 from optimizer.task.load_watch import LoadWatch
 from optimizer.task.find_max_batch_size import scaled_for_cores
 from optimizer.task.profiling import ContentionMeter
-from optimizer.triton.model_config import parse
+from optimizer.triton.config.model_config import parse
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.serial  # the probe must find the cores as this test leaves them: no other test beside it

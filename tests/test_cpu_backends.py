@@ -31,8 +31,8 @@ from optimizer.model.signature import Signature, parse_input_spec
 from optimizer.model.source import load_model
 from optimizer.records.artifact import Artifact
 from optimizer.task.correctness import DEFAULT_TOLERANCES, compare_outputs
-from optimizer.triton import rules
-from optimizer.triton.model_config import canonical, parse
+from optimizer.triton.config import rules
+from optimizer.triton.config.model_config import canonical, parse
 from optimizer.tune_strategy import default_backends
 from tests.conftest import run_cli
 
@@ -386,7 +386,7 @@ def test_one_client_script_answers_for_the_aoti_and_the_onnxruntime_export(cli_r
 @pytest.mark.parametrize("backend", ["torch-aoti", "openvino"])
 @pytest.mark.parametrize("spec", [CNN, TRANSFORMER])
 def test_api_publish_writes_a_config_triton_accepts(builds, backend, spec, tmp_path):
-    from optimizer.triton.publish import PublishOptions, publish
+    from optimizer.triton.repository.publish import PublishOptions, publish
 
     model, sig, art = builds(backend, spec)
     published = publish(_result_for(art, sig, tmp_path), PublishOptions(tmp_path / "repo", "m", io_names="positional"))
@@ -527,7 +527,7 @@ def standin(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
-    path = Path(__file__).resolve().parents[1] / "optimizer" / "triton" / "standin_backends" / "openvino" / "model.py"
+    path = Path(__file__).resolve().parents[1] / "optimizer" / "triton" / "runtime" / "standin_backends" / "openvino" / "model.py"
     spec = importlib.util.spec_from_file_location("openvino_standin", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -546,7 +546,7 @@ def _standin_model(standin, repo_model: Path, config_text: str):
 
 @pytest.mark.slow
 def test_openvino_standin_batches_pads_and_splits_like_the_native_backend(builds, standin, tmp_path):
-    from optimizer.triton.publish import PublishOptions, publish
+    from optimizer.triton.repository.publish import PublishOptions, publish
 
     model, sig, art = builds("openvino", CNN)
     published = publish(_result_for(art, sig, tmp_path), PublishOptions(tmp_path / "repo", "m"))

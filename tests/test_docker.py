@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from optimizer.triton.model_config import parse
+from optimizer.triton.config.model_config import parse
 from tests.conftest import ROOT, run_cli
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"

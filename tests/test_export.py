@@ -15,7 +15,7 @@ from optimizer.model.source import load_model
 from optimizer.records.artifact import Artifact
 from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.task.correctness import compare_outputs
-from optimizer.triton.model_config import parse
+from optimizer.triton.config.model_config import parse
 from tests.conftest import run_cli, tree_snapshot
 
 pytestmark = pytest.mark.slow

@@ -127,7 +127,7 @@ def test_export_on_cuda_publishes_a_kind_gpu_model(tmp_path):
     backends = ["--backend", "torchscript"] + (["--backend", "tensorrt", "--allow-version-mismatch"] if TRT else [])  # any TensorRT
     r = run_cli("export", "--device", "cuda", "--max-batch-size", "8", *backends, "--repository", "repo", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    from optimizer.triton.model_config import parse
+    from optimizer.triton.config.model_config import parse
 
     config = parse((tmp_path / "repo" / "cnn" / "config.pbtxt").read_text())
     assert config.instance_group[0].kind == 1 and list(config.instance_group[0].gpus) == [0]  # KIND_GPU

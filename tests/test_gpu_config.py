@@ -19,8 +19,8 @@ from optimizer.records.candidate import Candidate
 from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.reference_set import ReferenceSet
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton.model_config import parse
-from optimizer.triton.publish import PublishOptions, prepare_config, publish
+from optimizer.triton.config.model_config import parse
+from optimizer.triton.repository.publish import PublishOptions, prepare_config, publish
 
 SIG = Signature.from_json({
     "batching": True,

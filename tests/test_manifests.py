@@ -38,8 +38,8 @@ from optimizer.fleet.manifests import (
 )
 from optimizer.records.tune_result import TuneResult
 from optimizer.report.markdown import render_markdown
-from optimizer.triton.publish import PublishOptions, prepare_config
-from optimizer.triton.repository import Published
+from optimizer.triton.repository.publish import PublishOptions, prepare_config
+from optimizer.triton.repository.atomic import Published
 from tests.conftest import FIXTURES, ROOT
 
 ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

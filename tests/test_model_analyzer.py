@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from optimizer.machine import cpu_cores
-from optimizer.triton.model_config import parse
-from optimizer.triton.publish import PublishOptions, publish
+from optimizer.triton.config.model_config import parse
+from optimizer.triton.repository.publish import PublishOptions, publish
 from tests.conftest import run_cli
 from tests.triton_records import make_result, tensor
 
@@ -27,7 +27,7 @@ PATH_KEYS = ("model_repository", "export_path", "checkpoint_directory", "output_
 
 
 def _local_tritonserver() -> bool:
-    from optimizer.triton.server import ToolMissing, find_triton
+    from optimizer.triton.runtime.server import ToolMissing, find_triton
 
     try:
         find_triton()
@@ -98,7 +98,7 @@ def test_the_yaml_states_its_search_and_everything_it_names_exists(in_tmp: Path)
     assert "cuda_runtime" in pa.read_text() and "perf_analyzer" in pa.read_text()
     assert Path(cfg["triton_server_flags"]["backend-directory"]).is_dir()
     assert cfg["triton_server_flags"]["metrics-address"] == "127.0.0.1"
-    from optimizer.triton.perf_analyzer import (
+    from optimizer.triton.runtime.perf_analyzer import (
         find_perf_analyzer,
         perf_analyzer_environment,
     )
@@ -149,7 +149,7 @@ def test_rewriting_the_yaml_clears_old_checkpoints_and_refreshes_the_base_config
 
 
 def test_without_a_local_tritonserver_the_yaml_is_for_a_server_the_user_starts(in_tmp: Path, monkeypatch: pytest.MonkeyPatch):
-    from optimizer.triton import server
+    from optimizer.triton.runtime import server
 
     def missing():
         raise server.ToolMissing("tritonserver was not found (nvidia-pytriton is not installed)")

@@ -18,10 +18,10 @@ import pytest
 from optimizer.errors import PublishError, SettingsError
 from optimizer.report.json_report import write_report
 from optimizer.settings import ExportSettings
-from optimizer.triton.object_store import upload
-from optimizer.triton.object_store.location import parse_location, store_url
-from optimizer.triton.object_store.upload import MANIFEST, served_versions, stored_versions
-from optimizer.triton.publish import PublishOptions, publish
+from optimizer.triton.repository.object_store import upload
+from optimizer.triton.repository.object_store.location import parse_location, store_url
+from optimizer.triton.repository.object_store.upload import MANIFEST, served_versions, stored_versions
+from optimizer.triton.repository.publish import PublishOptions, publish
 from tests.conftest import S3_CREDENTIALS, MotoS3, run_cli
 from tests.triton_records import make_result
 

@@ -15,7 +15,7 @@ def test_every_subpackage_is_listed():
 
 
 def test_templates_ship_with_the_package():
-    from optimizer.triton.model_config import packaged_template_dir
+    from optimizer.triton.config.model_config import packaged_template_dir
 
     names = {p.name for p in packaged_template_dir().glob("*.pbtxt.j2")}
     assert {"onnxruntime_onnx.pbtxt.j2", "pytorch_libtorch.pbtxt.j2", "torch_aoti.pbtxt.j2", "tensorrt_plan.pbtxt.j2", "openvino.pbtxt.j2"} <= names

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.triton.model_config import parse
+from optimizer.triton.config.model_config import parse
 from tests.conftest import CLI, ROOT, run_cli, tree_snapshot
 from tests.test_triton_server import processes_working_in
 

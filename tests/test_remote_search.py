@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from optimizer.records.served_search import ServedSearch
-from optimizer.triton.model_config import parse
-from optimizer.triton.server import free_port, homes_root, open_client, prepare_home
+from optimizer.triton.config.model_config import parse
+from optimizer.triton.runtime.server import free_port, homes_root, open_client, prepare_home
 from tests.conftest import run_cli
 from tests.test_client_contract import start_serve, stop_serve
 

@@ -142,14 +142,14 @@ def test_a_run_where_nothing_passed_still_renders():
 
 
 def _validation(**overrides):
-    """A validation.json as optimizer/triton/validation/record.py writes it (the real record, not a lookalike)."""
-    from optimizer.triton.perf_analyzer import PerfRow
-    from optimizer.triton.validation import AnswerCheck, ValidationRecord
+    """A validation.json as optimizer/triton/measure/validation/record.py writes it (the real record, not a lookalike)."""
+    from optimizer.triton.runtime.perf_analyzer import PerfRow
+    from optimizer.triton.measure.validation import AnswerCheck, ValidationRecord
 
     rows = [PerfRow(1, 80.0, 12.0, 13.0, 14.5, 15.0, inference_count=400, execution_count=400),
             PerfRow(4, 150.0, 30.0, 35.0, 41.0, 50.2, inference_count=900, execution_count=300)]
     record = ValidationRecord("cnn", "/repo", "local tritonserver 2.51.0", "onnxruntime_onnx", "onnxruntime", status="passed",
-                              served_by="stand-in backend (optimizer/triton/standin_backends/onnxruntime)", stand_in=True, loaded=True,
+                              served_by="stand-in backend (optimizer/triton/runtime/standin_backends/onnxruntime)", stand_in=True, loaded=True,
                               answers=[AnswerCheck("http", True, max_abs=3e-7, max_rel=1e-6), AnswerCheck("grpc", True, max_abs=3e-7, max_rel=1e-6)],
                               oversize={"refused": True}, perf={"rows": [asdict(r) for r in rows]}, server_batch=2.5,
                               predicted_throughput=120.0, throughput_ratio=1.25)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.triton.server import free_port
+from optimizer.triton.runtime.server import free_port
 from tests.conftest import run_cli
 from tests.test_client_contract import start_serve, stop_serve, tritonservers_on
 

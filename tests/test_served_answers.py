@@ -14,8 +14,8 @@ import numpy as np
 from optimizer.model.samples import save_feeds
 from optimizer.records.accuracy import AccuracyBudget, AccuracyReport
 from optimizer.records.correctness import CorrectnessReport
-from optimizer.triton.served_search.answers import wrong_answers
-from optimizer.triton.validation import checks
+from optimizer.triton.measure.served_search.answers import wrong_answers
+from optimizer.triton.measure import answers as checks
 from tests.triton_records import make_result, tensor
 
 
@@ -42,8 +42,8 @@ def _result(tmp_path: Path, gated: bool):
 
 def _serve_with_error(monkeypatch, outputs, error: float) -> None:
     """The server answers each saved sample with its reference output off by `error` in one element per row."""
-    import optimizer.triton.server as server
-    import optimizer.triton.validation.client as client
+    import optimizer.triton.runtime.server as server
+    import optimizer.triton.measure.client as client
 
     monkeypatch.setattr(server, "open_client", lambda protocol, url, timeout_s: _Client())
     config = {"name": "m", "max_batch_size": 8, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["16"]}],
@@ -82,7 +82,7 @@ def test_a_config_published_after_wrong_served_answers_carries_a_warning(monkeyp
     published with exit 0 and no warning: only a 'served search skipped' line said why."""
     from types import SimpleNamespace
 
-    import optimizer.triton.served_search as served
+    import optimizer.triton.measure.served_search as served
     from optimizer.app.export import _serve_search
     from optimizer.records.served_search import ServedSearch
     from optimizer.settings import ExportSettings

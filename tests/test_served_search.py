@@ -4,8 +4,10 @@ server, why it skips, and a real search end to end."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -13,13 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, ServedVariant
-from optimizer.triton.model_config import parse
-from optimizer.triton.publish import PublishOptions, prepare_config
-from optimizer.triton.served_search import SearchRequest, served_search
-from optimizer.triton.served_search import run as search_module
-from optimizer.triton.served_search.objective import Objective, robust_ratios
-from optimizer.triton.served_search.points import SearchSpace, better, close, coarse_grid, fill_delay_us, layouts, max_batches, refinements, seed_concurrency
-from optimizer.triton.served_search.prediction import predict_throughput
+from optimizer.triton.config.model_config import parse
+from optimizer.triton.repository.publish import PublishOptions, prepare_config
+from optimizer.triton.measure.served_search import SearchRequest, served_search
+from optimizer.triton.measure.served_search import clock as clock_module
+from optimizer.triton.measure.served_search import measure as search_module
+from optimizer.triton.measure.served_search import run as run_module
+from optimizer.triton.measure.served_search.servers import Rig, Where
+from optimizer.triton.measure.served_search.objective import Objective, robust_ratios
+from optimizer.triton.measure.served_search.points import SearchSpace, better, close, coarse_grid, fill_delay_us, layouts, max_batches, refinements, seed_concurrency
+from optimizer.triton.measure.prediction import predict_throughput
 from tests.conftest import run_cli
 from tests.triton_records import make_result
 
@@ -308,18 +313,36 @@ def test_the_extrapolated_latency_stays_within_littles_bounds():
 
 
 class _Loader:
-    """Stands in for the repository API: loads always succeed, every load and unload is recorded."""
+    """Stands in for the repository API: loads always succeed, every load and unload is recorded, and each private name's
+    config is read back into the operating point it was rendered for."""
+
+    url = "made-up:0"
 
     def __init__(self) -> None:
         self.loaded: set[str] = set()
-        self.configs: dict[str, str] = {}
+        self.points: dict[str, OperatingPoint] = {}
         self.max_loaded = 0
         self.loads: list[set[str]] = []  # the names of each load call, in order
         self.unloads: list[tuple[set[str], bool]] = []  # the names of each unload call and whether it waited, in order
 
-    def load(self, configs: dict[str, str]) -> dict[str, str]:
+    def __enter__(self) -> _Loader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loaded.clear()
+
+    def add_source(self, candidate: str, **source) -> None:
+        pass
+
+    def load(self, configs: dict[str, str], files=None, candidate: str = "") -> dict[str, str]:
         self.loads.append(set(configs))
-        self.configs.update(configs)
+        for name, text in configs.items():
+            config = parse(text)
+            key = next((k for k in ("intra_op_thread_count", "INFERENCE_NUM_THREADS") if k in config.parameters), None)
+            threads = config.parameters[key].string_value if key else ""
+            self.points[name] = OperatingPoint(config.max_batch_size, tuple(config.dynamic_batching.preferred_batch_size),
+                                               config.dynamic_batching.max_queue_delay_microseconds,
+                                               sum(g.count or 1 for g in config.instance_group) or 1, int(threads) if threads.isdigit() else None)
         self.loaded |= set(configs)
         self.max_loaded = max(self.max_loaded, len(self.loaded))
         return {}
@@ -332,37 +355,98 @@ class _Loader:
         return ""
 
 
+class _QuietWatch:
+    """No other process's load reaches a measurement."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def peak_within(self, last_s):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class _Bench(search_module.Bench):
+    """A made-up server's measurements: `served(point, concurrency)` for the point a private name was loaded with."""
+
+    served: Any = None
+    loader: Any = None
+    wrong: str = ""
+    watcher: Any = _QuietWatch
+    quiet: Any = None  # wait_for_quiet(limit, seconds) -> what it saw
+    clock: Any = None  # the search's clock (None: the real one)
+
+    def measure(self, model, concurrency, window_ms):
+        return self.served(self.loader.points[model], concurrency)
+
+    def warm(self, model, concurrency, requests):
+        return None
+
+    def wrong_answers(self, result, model, renamed, fronted):
+        return self.wrong
+
+    def padded_answers(self, model, pairs, tolerances, cosine):
+        return ""
+
+    def watch(self):
+        return self.watcher()
+
+    def wait_for_quiet(self, limit, seconds):
+        return self.quiet(limit, seconds) if self.quiet is not None else 0.0
+
+    def now(self):
+        return self.clock() if self.clock is not None else time.monotonic()
+
+
+class _Rig(Rig):
+    """served_search() against a made-up server: no tritonserver, no perf_analyzer; the order, the scoring, the configs
+    and the publishing choice are the real ones."""
+
+    def __init__(self, bench_kw: dict, baseline: float | None) -> None:
+        self.loader_ = _Loader()
+        self.bench_kw, self.baseline = bench_kw, baseline
+
+    @contextmanager
+    def server(self, result, options, request, search, text, extra, on_event):
+        share = None if self.baseline is None else type("Share", (), {"others_busy": self.baseline, "reduced": False})()
+        yield Where("a made-up server", self.loader_.url, lambda: None, share=share)
+
+    def loader(self, where, request):
+        return self.loader_
+
+    def bench(self, where, input_data, rows, request):
+        return _Bench(where.url, input_data, rows, request.workdir, loader=self.loader_, **self.bench_kw)
+
+    def cores(self):
+        return 2
+
+
+class _Run:
+    """What a test reads of a finished search: the published variant and each variant's worst score."""
+
+    def __init__(self, search: ServedSearch) -> None:
+        self.search = search
+        self.best = search.chosen_variant
+        self.robust = {v.point: (v.worst, v.worst_at) for v in search.variants if v.worst is not None}
+
+
 def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_largest: int = 64, budget_s: float = 600.0, wrong: str = "",
-         baseline: float | None = None, start_max: int = 8, pads: bool = False):
-    """Run the search's order (start, coarse, refine, settle, base) against `served(point, concurrency) -> LoadLevel`:
-    the repository API and perf_analyzer are replaced, the order, the scoring and the publishing choice are the real ones."""
-    loader = _Loader()
-    points: dict[str, OperatingPoint] = {}
-    result = make_result(tmp_path / "run", "onnxruntime_onnx", triton_settings={"parameters": {"intra_op_thread_count": 2}})
-
-    def config(self, point):  # the config a private name is loaded with names the point it was rendered for
-        prepare_config(self.result, PublishOptions(tmp_path / "repo", "m", operating_point=point))  # the real rules accept it
-        points[repr(point)] = point
-        return repr(point)
-
-    monkeypatch.setattr(search_module.SearchRun, "_config", config)
-    monkeypatch.setattr(search_module, "warm_up", lambda *a, **k: None)
-    monkeypatch.setattr(search_module.SearchRun, "_wrong_answers", lambda self, name: wrong)
-    monkeypatch.setattr(search_module, "measure_level", lambda bench, name, c, window: served(points[loader.configs[name]], c))
-    search = ServedSearch("searched", percentile=request.percentile)
-    bench = search_module.Bench("127.0.0.1:1", tmp_path / "input.json", [], tmp_path)
-    run = search_module.SearchRun(result, PublishOptions(tmp_path / "repo", "m"), request, search, loader, bench, lambda: None,
-                             time.monotonic() + budget_s, lambda e: None, baseline=baseline)
-    fixed = request.user_max
-    m = fixed or min(start_max, decision_largest)  # the rules' start: the user's max, else the in-process peak within what fit
-    start = OperatingPoint(m, (m,) if m > 1 else (), 200, 1, 2)
-    run.measure([start], "start")
-    sp = SearchSpace(m, fixed or decision_largest, fixed, 2, False, request.concurrency or 0, 200, pads=pads)
-    if run.best is None:
-        return run, search, loader, "the start failed"
-    stopped = run.explore(sp)
-    run.base()
-    return run, search, loader, stopped
+         baseline: float | None = None, start_max: int = 8, pads: bool = False, watch=None, quiet=None, clock=None):
+    """Run the public served_search() against `served(point, concurrency) -> LoadLevel`: a result whose in-process
+    rules start at max `start_max` (its peak) and whose largest batch that fit is `decision_largest`; the repository API
+    and perf_analyzer are replaced (_Rig), the order, the scoring and the publishing choice are the real ones."""
+    platform = "openvino" if pads else "onnxruntime_onnx"
+    params = {"INFERENCE_NUM_THREADS": "2", "ENABLE_BATCH_PADDING": "YES"} if pads else {"intra_op_thread_count": 2}
+    m = request.user_max or min(start_max, decision_largest)  # the rules' start: the user's max, else the peak within what fit
+    result = make_result(tmp_path / f"run{len(list(tmp_path.glob('run*')))}", platform, max_batch=m, knee=m, triton_settings={"parameters": params})
+    result.selected_candidate.decision.largest_fit = request.user_max or decision_largest
+    rig = _Rig({"served": served, "wrong": wrong, "watcher": watch or _QuietWatch, "quiet": quiet, "clock": clock}, baseline)
+    request = replace(request, budget_s=budget_s, use_cache=False, workdir=tmp_path / "search")
+    search = served_search(result, PublishOptions(tmp_path / "repo", "m"), request, rig=rig)
+    return _Run(search), search, rig.loader_, search.stopped or search.reason
 
 
 def _two_instances_and_batch_16(point: OperatingPoint, c: int) -> LoadLevel:
@@ -380,7 +464,7 @@ def test_the_search_covers_the_grid_and_publishes_the_best_point_it_measured(mon
     measured = {v.point for v in search.variants if v.status == "measured"}
     assert run.best.point in measured
     assert len(measured) >= 12 and not loader.loaded  # every variant was unloaded
-    assert loader.max_loaded <= search_module.LOAD_GROUP
+    assert loader.max_loaded <= run_module.LOAD_GROUP
     chosen = next(v for v in search.variants if v.point == run.best.point)
     assert chosen.level(1) is not None  # the anchor of validate's prediction: the ladder measures a lone client
 
@@ -461,9 +545,8 @@ def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monk
             return level(c, _two_instances_and_batch_16(point, c).throughput / 2)
         return _two_instances_and_batch_16(point, c)
 
-    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst))
-    monkeypatch.setattr(search_module, "wait_for_quiet", lambda limit, wait_s: waits.append(limit) or 0.0)
-    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), baseline=0.05)
+    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), baseline=0.05, watch=_burst_watch(burst),
+                             quiet=lambda limit, wait_s: waits.append(limit) or 0.0)
     assert burst["landed"] and search.remeasured == 1 and waits == [pytest.approx(0.35)]
     assert run.best.point.instances == 2 and run.best.point.max_batch_size == 16  # the burst did not cost it the choice
     levels = [lv for v in search.variants for lv in v.curve]
@@ -476,7 +559,6 @@ def test_time_spent_measuring_again_is_added_to_the_budget_so_bursts_do_not_cut_
     measures what the quiet one did and publishes the same point (it had spent its budget first: the bundled CNN under
     bursts lost the queue delay the quiet search had found and served 0.67x of it)."""
     now = [0.0]
-    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
 
     def served(point: OperatingPoint, c: int) -> LoadLevel:
         now[0] += 1.0
@@ -499,16 +581,15 @@ def test_time_spent_measuring_again_is_added_to_the_budget_so_bursts_do_not_cut_
         now[0] += 2.0  # the burst ends 2 s into the wait
         return 0.0
 
-    monkeypatch.setattr(search_module, "wait_for_quiet", wait)
-    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
-    _, quiet, _, quiet_stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0)
+    _, quiet, _, quiet_stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0,
+                                      watch=_steady_watch(0.0), quiet=wait, clock=lambda: now[0])
     assert "ran out" in quiet_stopped  # the budget bounds this search: what it measured depends on the time it had
     quiet_took = now[0]
-    monkeypatch.setattr(search_module, "LoadWatch", Watch)
     now[0] = 0.0
-    _, busy, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0)
+    _, busy, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), budget_s=60.0, baseline=0.0, watch=Watch, quiet=wait,
+                         clock=lambda: now[0])
     assert busy.remeasured == 4 and busy.retried_s == pytest.approx(4 * (1.0 + 2.0))  # each repeat: the wait and the level
-    assert busy.retried_s <= search_module.REMEASURE_SHARE * 60.0
+    assert busy.retried_s <= clock_module.REMEASURE_SHARE * 60.0
     measured = lambda s: sorted((repr(v.point), v.stage) for v in s.variants if v.status == "measured")
     assert measured(busy) == measured(quiet) and busy.chosen == quiet.chosen
     assert now[0] == pytest.approx(quiet_took + busy.retried_s)  # the search took its budget plus the repeats, no more
@@ -529,9 +610,8 @@ def test_a_disturbed_level_too_slow_to_matter_even_undisturbed_is_not_taken_agai
         return _two_instances_and_batch_16(point, c)
 
     waits: list[float] = []
-    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst))
-    monkeypatch.setattr(search_module, "wait_for_quiet", lambda limit, wait_s: waits.append(limit) or 0.0)
-    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), baseline=0.0)
+    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), baseline=0.0, watch=_burst_watch(burst),
+                             quiet=lambda limit, wait_s: waits.append(limit) or 0.0)
     assert not hit and search.remeasured == 1 and len(waits) == 1  # both bursts landed; one level was measured again
     slow = next(v for v in search.variants if v.point == OperatingPoint(4, (), 0, 1, 2))
     assert slow.level(16).others_busy == 1.0 and slow.level(16).throughput == 60.0  # kept as measured: a lower bound
@@ -557,19 +637,19 @@ def _steady_watch(cores: float) -> type:
 
 
 def test_a_steady_load_seen_as_the_search_began_is_the_baseline_not_a_disturbance(monkeypatch, tmp_path: Path):
-    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(1.1))  # a spinner the probe saw (1.0 core) keeps running
-    monkeypatch.setattr(search_module, "wait_for_quiet", lambda *a: pytest.fail("waited for a load that was there from the start"))
-    _, search, _, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), baseline=1.0)
+    _, search, _, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), baseline=1.0,
+                           watch=_steady_watch(1.1),  # a spinner the probe saw (1.0 core) keeps running
+                           quiet=lambda *a: pytest.fail("waited for a load that was there from the start"))
     assert search.remeasured == 0
 
 
 def test_a_load_that_arrives_and_stays_is_waited_for_once_then_measured_beside(monkeypatch, tmp_path: Path):
     waits: list[float] = []
-    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(1.0))  # a job started after the probe and runs to the end
-    monkeypatch.setattr(search_module, "wait_for_quiet", lambda limit, wait_s: waits.append(limit) or 1.0)
-    run, search, _, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), baseline=0.0)
-    assert len(waits) == 1 and search.remeasured == 0  # measuring again beside it would give the same figures
-    assert run.baseline + search_module.DISTURBED >= 1.0
+    run, search, _, _ = _run(monkeypatch, tmp_path, _two_instances_and_batch_16, SearchRequest(tmp_path), baseline=0.0,
+                             watch=_steady_watch(1.0),  # a job started after the probe and runs to the end
+                             quiet=lambda limit, wait_s: waits.append(limit) or 1.0)
+    assert len(waits) == 1 and search.remeasured == 0  # measuring again beside it would give the same figures: the load
+    # became the baseline (no second wait, though every later level saw it too)
     assert len({v.point for v in search.variants if v.status == "measured"}) >= 12  # the budget went to variants
 
 
@@ -631,11 +711,11 @@ def test_time_left_after_the_best_two_goes_to_the_others_that_could_still_win(mo
     assert "every variant" in stopped
     coarse = sorted((v for v in measured if v.stage == "coarse"), key=lambda v: -run.robust[v.point][0])
     third = coarse[2].point
-    assert (third.max_batch_size, third.instances) == (4, 2) and run.robust[third][0] * search_module.REFINE_LIFT >= 1.0
+    assert (third.max_batch_size, third.instances) == (4, 2) and run.robust[third][0] * run_module.REFINE_LIFT >= 1.0
     refined = [v.point for v in measured if v.stage == "refine"]
     assert any((p.max_batch_size, p.instances, p.threads) == (4, third.instances, third.threads) for p in refined)  # around the third best
     out = [v.point for v in coarse[3:]]
-    assert out and all(run.robust[p][0] * search_module.REFINE_LIFT < 1.0 for p in out)
+    assert out and all(run.robust[p][0] * run_module.REFINE_LIFT < 1.0 for p in out)
     assert not any((p.max_batch_size, p.instances, p.threads) == (o.max_batch_size, o.instances, o.threads) for p in refined for o in out)
     assert run.best.point in {v.point for v in measured}
 
@@ -653,14 +733,12 @@ def _fills_with_a_delay(point: OperatingPoint, c: int) -> LoadLevel:
 def _one_second_a_level(monkeypatch, server):
     """A clock only measurements move (1 s a level) on a quiet machine, so a budget is a count of levels: `server` wrapped."""
     now = [0.0]
-    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(search_module, "LoadWatch", _steady_watch(0.0))
 
     def served(point: OperatingPoint, c: int) -> LoadLevel:
         now[0] += 1.0
         return server(point, c)
 
-    return served
+    return served, {"clock": lambda: now[0], "watch": _steady_watch(0.0)}
 
 
 def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_failing_only_at_the_light_load(monkeypatch, tmp_path: Path):
@@ -668,8 +746,8 @@ def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_fail
     Max 4 and 8 without a delay are worst at concurrency 4 (1000/s beside max 2's 1800/s), so both max-2 layouts rank
     above them; their fill delay is what lifts them to the best at every load, and it is tried first.
     Why: the bundled CNN under bursts had published max 2 at 0.76x of the quiet choice, max 4's 800 us delay untried."""
-    served = _one_second_a_level(monkeypatch, _fills_with_a_delay)
-    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=30.0, baseline=0.0)
+    served, kw = _one_second_a_level(monkeypatch, _fills_with_a_delay)
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=30.0, baseline=0.0, **kw)
     assert "ran out" in stopped  # the budget bounds the search: which refinements it measured is the order's doing
     first = next(v for v in search.variants if v.stage == "refine")
     assert first.point.max_batch_size > 2 and first.point.queue_delay_us >= 400 and first.level(4).server_batch == 4
@@ -677,7 +755,7 @@ def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_fail
     assert run.robust[run.best.point][0] >= 0.95  # the best at every load; max 2 served 0.78x at concurrency 64
 
 
-@pytest.mark.parametrize("cores,repeats", [(1.0, 0.0), (0.2, search_module.REMEASURE_SHARE)])
+@pytest.mark.parametrize("cores,repeats", [(1.0, 0.0), (0.2, clock_module.REMEASURE_SHARE)])
 def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_refinement(monkeypatch, tmp_path: Path, cores, repeats):
     """As above, and bursts halve the larger maxima's first measurement at concurrency 16 on one two-thread instance,
     with no time left to measure them again (REMEASURE_SHARE 0), or read at 0.2 cores (below the repeats' threshold: a
@@ -686,7 +764,6 @@ def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_r
     now = [0.0]
     burst = {"now": False}
     hit: set[OperatingPoint] = set()
-    monkeypatch.setattr(search_module.time, "monotonic", lambda: now[0])
 
     def served(point: OperatingPoint, c: int) -> LoadLevel:
         now[0] += 1.0
@@ -697,9 +774,9 @@ def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_r
             return replace(lv, throughput=lv.throughput / 2)
         return lv
 
-    monkeypatch.setattr(search_module, "LoadWatch", _burst_watch(burst, cores))
-    monkeypatch.setattr(search_module, "REMEASURE_SHARE", repeats)
-    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=45.0, baseline=0.0)
+    monkeypatch.setattr(clock_module, "REMEASURE_SHARE", repeats)
+    run, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=45.0, baseline=0.0,
+                             watch=_burst_watch(burst, cores), clock=lambda: now[0])
     assert len(hit) == 3 and search.remeasured == 0  # the start, max 4 and max 8: each kept at its halved figure
     first = next(v for v in search.variants if v.stage == "refine")
     assert (first.point.instances, first.point.max_batch_size) == (1, 8) and first.point.queue_delay_us >= 400
@@ -711,14 +788,14 @@ def test_with_no_load_a_search_out_of_time_in_the_coarse_pass_measures_the_likel
     (max 8, a 200 us delay that does not fill a batch at concurrency 4) could serve the most, so its fill delay is
     measured with the time kept for settling, and published. Under bursts the bundled CNN's search had run out of
     time in the coarse pass and published max 2 at 0.75x of the quiet choice."""
-    monkeypatch.setattr(search_module.SearchRun, "_settle_reserve", lambda self: 10.0)
-    served = _one_second_a_level(monkeypatch, _fills_with_a_delay)
-    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=25.0, baseline=0.0)
+    monkeypatch.setattr(run_module.SearchRun, "_settle_reserve", lambda self: 10.0)
+    served, kw = _one_second_a_level(monkeypatch, _fills_with_a_delay)
+    run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=25.0, baseline=0.0, **kw)
     assert "ran out" in stopped
     order = [v.stage for v in search.variants]
     gain = next(v for v in search.variants if v.stage == "refine")
     assert order.index("refine") < len(order) - 1 - order[::-1].index("coarse")  # measured before the coarse pass ended
-    assert gain.point == replace(START, queue_delay_us=gain.point.queue_delay_us) and gain.point.queue_delay_us >= 400
+    assert gain.point == replace(search.start, queue_delay_us=gain.point.queue_delay_us) and gain.point.queue_delay_us >= 400
     assert run.best.point == gain.point
 
 
@@ -736,9 +813,9 @@ def test_with_no_load_a_padding_backend_measures_maxima_up_to_8_before_larger_on
     """On a clock only measurements move (1 s a level) and a budget too short for every variant: a padding backend's
     coarse pass measures maxima up to 8 first (16 and 32, which pad the ladder's load of 4 4-8x, wait for the time left
     after the refinement; this budget ends before them) and publishes max 8. The bundled transformer had spent 4 of 13 variants on 16 and 32 and published max 4 at 0.60x at its worst load."""
-    served = _one_second_a_level(monkeypatch, _padding_with_a_batching_gain)
+    served, kw = _one_second_a_level(monkeypatch, _padding_with_a_batching_gain)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=32, budget_s=55.0,
-                                   baseline=0.0, start_max=1, pads=pads)
+                                   baseline=0.0, start_max=1, pads=pads, **kw)
     coarse = [v.point.max_batch_size for v in search.variants if v.stage == "coarse"]
     if pads:
         assert 8 in coarse[:6] and not {16, 32} & set(coarse[:6]), coarse  # 2, 4 and 8 in both layouts first
@@ -926,7 +1003,7 @@ def test_bad_serving_options_are_one_line_and_exit_2(in_tmp: Path):
 
 
 def test_a_cached_search_is_reused_only_for_the_same_key_and_a_corrupt_entry_is_ignored(tmp_path: Path, caplog):
-    from optimizer.triton.served_search.cache import ServedSearchCache, search_key
+    from optimizer.triton.measure.served_search.cache import ServedSearchCache, search_key
 
     result = make_result(tmp_path / "run", "onnxruntime_onnx", triton_settings={"parameters": {"intra_op_thread_count": 2}})
     start = prepare_config(result, PublishOptions(tmp_path / "repo", "m"))[0]
@@ -956,10 +1033,10 @@ def test_a_cached_search_is_reused_only_for_the_same_key_and_a_corrupt_entry_is_
 def test_validate_says_when_its_sweep_crosses_protocols_with_the_search(tmp_path: Path):
     """The search measures the bundled server over gRPC; a validate over HTTP compares across protocols and says so,
     one over gRPC does not."""
-    from optimizer.triton.perf_analyzer import PerfRow
-    from optimizer.triton.validation.expectation import ExportReference
-    from optimizer.triton.validation.record import ValidationRecord
-    from optimizer.triton.validation.run import _compare_with_curve
+    from optimizer.triton.runtime.perf_analyzer import PerfRow
+    from optimizer.triton.measure.validation.expectation import ExportReference
+    from optimizer.triton.measure.validation.record import ValidationRecord
+    from optimizer.triton.measure.validation.run import _compare_with_curve
 
     reference = ExportReference(tmp_path, tmp_path, tmp_path, [], "c", 100.0, 4, served_curve=[level(4, 400.0), level(16, 800.0)],
                                 served_protocol="grpc")
@@ -975,10 +1052,10 @@ def test_validate_says_when_its_sweep_crosses_protocols_with_the_search(tmp_path
 
 def test_validate_says_how_a_padding_backends_loads_between_multiples_of_its_max_were_predicted(tmp_path: Path):
     """Full executions where the queue delay is shorter than one (6.6 ms here); full batches where it outlasts one."""
-    from optimizer.triton.perf_analyzer import PerfRow
-    from optimizer.triton.validation.expectation import ExportReference
-    from optimizer.triton.validation.record import ValidationRecord
-    from optimizer.triton.validation.run import _compare_with_curve
+    from optimizer.triton.runtime.perf_analyzer import PerfRow
+    from optimizer.triton.measure.validation.expectation import ExportReference
+    from optimizer.triton.measure.validation.record import ValidationRecord
+    from optimizer.triton.measure.validation.run import _compare_with_curve
 
     rows = [PerfRow(c, t, 1.0, 1.0, 1.0, 1.0) for c, t in ((6, 500.0), (8, 600.0))]
     said = {}

@@ -106,7 +106,7 @@ def test_dtype_table_matches_torch_and_onnx():
 
 
 def test_every_triton_type_has_its_byte_size():
-    """the warmup rule (optimizer/triton/rules/warmup.py) sizes warmup files from this; TYPE_STRING has no fixed size."""
+    """the warmup rule (optimizer/triton/config/rules/warmup.py) sizes warmup files from this; TYPE_STRING has no fixed size."""
     import torch
     from tritonclient.grpc import model_config_pb2
 

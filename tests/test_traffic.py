@@ -14,8 +14,8 @@ from optimizer.model.signature import Axis, Signature, TensorSpec
 from optimizer.model.traffic import Traffic, generate_traffic, load_traffic, split_rows, traffic_for
 from optimizer.records.served_search import LoadLevel
 from optimizer.settings import ExportSettings
-from optimizer.triton.perf_analyzer_input import write_input_data
-from optimizer.triton.served_search.objective import Objective, ladder, load_score, robust_ratios
+from optimizer.triton.runtime.perf_analyzer_input import write_input_data
+from optimizer.triton.measure.served_search.objective import Objective, ladder, load_score, robust_ratios
 from tests.conftest import run_cli
 
 TEXT = Signature(inputs=(TensorSpec("input_ids", dtype_from_name("int64"), (Axis(1, 128),), (0, 999)),
@@ -194,8 +194,8 @@ def _served(outputs: list[str]) -> dict:
 
 
 def test_padded_answers_agree_only_when_the_outputs_cut_back_to_the_real_length_are_the_same(monkeypatch):
-    from optimizer.triton.served_search import padding
-    from optimizer.triton.validation import client
+    from optimizer.triton.measure import answers
+    from optimizer.triton.measure import client
 
     def masked(feed):  # per-token features and their masked mean: padding changes nothing
         x = feed["input_ids"].astype(np.float32)
@@ -211,12 +211,12 @@ def test_padded_answers_agree_only_when_the_outputs_cut_back_to_the_real_length_
     pairs = list(zip(traffic.requests, traffic.padded(TEXT, [4, 8]).requests))
     for model, agree in ((masked, True), (unmasked, False)):
         monkeypatch.setattr(client, "infer", lambda c, name, served, feed, model=model: model(feed))
-        said = padding.answers_agree(None, "m", _served(["hidden", "pooled"]), pairs, None, None)
+        said = answers.answers_agree(None, "m", _served(["hidden", "pooled"]), pairs, None, None)
         assert (said == "") is agree, said
         if not agree:
             assert "output 'pooled' of request 0 differs padded" in said
     monkeypatch.setattr(client, "infer", lambda c, name, served, feed: unmasked(feed))
-    assert "cosine" in padding.answers_agree(None, "m", _served(["hidden", "pooled"]), pairs, None, 0.9999)
+    assert "cosine" in answers.answers_agree(None, "m", _served(["hidden", "pooled"]), pairs, None, 0.9999)
 
 
 # -- for real -----------------------------------------------------------------------------------------------------------

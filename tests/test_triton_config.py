@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from optimizer.errors import ConfigRuleError, PublishError, TemplateError
-from optimizer.triton import rules
-from optimizer.triton.rules import RULES, ArtifactFacts, violations
-from optimizer.triton.model_config import (
+from optimizer.triton.config import rules
+from optimizer.triton.config.rules import RULES, ArtifactFacts, violations
+from optimizer.triton.config.model_config import (
     MAX_QUEUE_DELAY_US,
     MIN_QUEUE_DELAY_US,
     batching_plan,
@@ -30,8 +30,8 @@ from optimizer.triton.model_config import (
     parse,
     render,
 )
-from optimizer.triton.publish import PublishOptions, render_config, version_policy_for
-from optimizer.triton.repository import RepositoryState
+from optimizer.triton.repository.publish import PublishOptions, render_config, version_policy_for
+from optimizer.triton.repository.atomic import RepositoryState
 from tests.conftest import ROOT
 from tests.triton_records import decision, make_result, profile, tensor
 
@@ -533,7 +533,7 @@ def test_what_triton_loads_is_a_warning_never_a_refusal(base_configs, caplog, ru
     assert violations(config, facts) == []
     found = rules.warnings(config, facts)
     assert [(v.rule, v.message) for v in found] == [(rule, words)] and found[0].when
-    with caplog.at_level(logging.WARNING, logger="optimizer.triton.rules.check"):
+    with caplog.at_level(logging.WARNING, logger="optimizer.triton.config.rules.check"):
         assert rules.check(config, facts, "config.pbtxt of 'm'") == found
     assert words in caplog.text and "config.pbtxt of 'm'" in caplog.text
 
@@ -755,11 +755,11 @@ def test_templates_ship_inside_the_built_wheel(tmp_path: Path):
         "import optimizer, sys\n"
         "from pathlib import Path\n"
         f"assert Path(optimizer.__file__).is_relative_to({str(site)!r}), optimizer.__file__\n"
-        "from optimizer.triton.model_config import packaged_template_dir, render, parse\n"
+        "from optimizer.triton.config.model_config import packaged_template_dir, render, parse\n"
         f"assert packaged_template_dir().is_relative_to({str(site)!r})\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from tests.triton_records import make_result\n"
-        "from optimizer.triton.model_config import build_spec\n"
+        "from optimizer.triton.config.model_config import build_spec\n"
         "import tempfile\n"
         f"for p in {PLATFORMS!r}:\n"
         "    parse(render(build_spec(make_result(Path(tempfile.mkdtemp()), p), 'm')))\n"

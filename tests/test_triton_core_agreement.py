@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.triton.rules import CORE, violations
-from optimizer.triton.model_config import canonical
-from optimizer.triton.publish import PublishOptions, publish
+from optimizer.triton.config.rules import CORE, violations
+from optimizer.triton.config.model_config import canonical
+from optimizer.triton.repository.publish import PublishOptions, publish
 from tests.test_triton_config import CASES, FIXED, PLATFORMS, config_of, golden_result
 
 pytestmark = pytest.mark.slow

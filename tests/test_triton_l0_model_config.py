@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from optimizer.errors import ConfigRuleError
-from optimizer.triton import rules
-from optimizer.triton.model_config import parse
-from optimizer.triton.rules import ArtifactFacts, violations
+from optimizer.triton.config import rules
+from optimizer.triton.config.model_config import parse
+from optimizer.triton.config.rules import ArtifactFacts, violations
 
 IO = 'input [{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }]\noutput [{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }]\n'
 DATA = ('input [{ name: "data" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 1, 28, 28 ] }]\n'

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from optimizer.errors import SettingsError, ValidationError
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, parse_csv, parse_server_counts, perf_analyzer_command
-from optimizer.triton.perf_analyzer_input import write_input_data
+from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfSettings, parse_csv, parse_server_counts, perf_analyzer_command
+from optimizer.triton.runtime.perf_analyzer_input import write_input_data
 
 # Captured from perf_analyzer 2.51 against the local tritonserver 2.51 (rows in perf_analyzer's own order).
 CSV = """Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency
@@ -125,7 +125,7 @@ def test_command_line_settles_on_a_noisy_machine(tmp_path: Path):
 
 
 def test_slow_models_get_longer_windows():
-    from optimizer.triton.validation.checks import MAX_WINDOW_MS, window_for
+    from optimizer.triton.measure.validation.checks import MAX_WINDOW_MS, window_for
 
     settings = PerfSettings()
     assert window_for(settings, None) == settings.measurement_interval_ms
@@ -137,7 +137,7 @@ def test_slow_models_get_longer_windows():
 @contextmanager
 def _doubling_server(tmp_path: Path) -> Iterator[tuple[Any, Path]]:
     """A real tritonserver serving the one-node `double` model, and perf_analyzer input data for it."""
-    from optimizer.triton.server import LocalTritonServer
+    from optimizer.triton.runtime.server import LocalTritonServer
     from tests.test_triton_server import write_double_model
 
     repo = tmp_path / "repo"
@@ -152,7 +152,7 @@ def _doubling_server(tmp_path: Path) -> Iterator[tuple[Any, Path]]:
 def test_warm_up_requests_reach_the_server_before_the_measured_windows(tmp_path: Path):
     """perf_analyzer 2.51 has no warm-up option: `warmup_requests` are sent by a separate run, seen by the server, and
     not in the measured rows."""
-    from optimizer.triton.perf_analyzer import run_perf_analyzer
+    from optimizer.triton.runtime.perf_analyzer import run_perf_analyzer
 
     settings = PerfSettings(concurrency=ConcurrencyRange(2, 2), measurement_interval_ms=500, stability_percentage=100, max_trials=3,
                             timeout_s=120, warmup_requests=300)
@@ -168,7 +168,7 @@ def test_warm_up_requests_reach_the_server_before_the_measured_windows(tmp_path:
 def test_a_level_that_never_settles_is_measured_roughly_and_flagged_not_failed(tmp_path: Path):
     """A level whose windows never agree (CI's busy 2-core machine, here forced by a zero tolerance) still gets a row,
     measured by real perf_analyzer windows, and is named as unstable with a note a user reads; the run does not fail."""
-    from optimizer.triton.perf_analyzer import ROUGH_WINDOWS, run_perf_analyzer
+    from optimizer.triton.runtime.perf_analyzer import ROUGH_WINDOWS, run_perf_analyzer
 
     settings = PerfSettings(concurrency=ConcurrencyRange(1, 1), measurement_interval_ms=200, stability_percentage=0, max_trials=3,
                             retry_stability_percentage=0, timeout_s=120)

@@ -26,10 +26,10 @@ from optimizer.errors import ConfigRuleError, PublishError, TemplateError
 from optimizer.model.samples import save_feeds
 from optimizer.report.json_report import write_report
 from optimizer.settings import ExportSettings
-from optimizer.triton import repository
-from optimizer.triton.model_config import packaged_template_dir, parse
-from optimizer.triton.publish import PublishOptions, publish
-from optimizer.triton.repository import CHECKPOINTS, ModelFiles, RepositoryState, publish_model
+from optimizer.triton.repository import atomic as repository
+from optimizer.triton.config.model_config import packaged_template_dir, parse
+from optimizer.triton.repository.publish import PublishOptions, publish
+from optimizer.triton.repository.atomic import CHECKPOINTS, ModelFiles, RepositoryState, publish_model
 from tests.conftest import ROOT, run_cli
 from tests.publisher_child import config_text
 from tests.triton_records import make_result, tensor

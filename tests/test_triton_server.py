@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from optimizer.errors import ValidationError
-from optimizer.triton import server as server_mod
-from optimizer.triton.server import SHM_DIR, LocalTritonServer, find_triton, prepare_home
+from optimizer.triton.runtime import server as server_mod
+from optimizer.triton.runtime.server import SHM_DIR, LocalTritonServer, find_triton, prepare_home
 from tests.conftest import ROOT, ctrl_c_reaches_it
 
 DOUBLE_CONFIG = """name: "{name}"

@@ -194,7 +194,7 @@ def test_backends_says_whether_the_validation_tools_were_found():
 
 @pytest.mark.slow
 def test_validate_against_a_running_server_with_url(ort_export, work: Path):
-    from optimizer.triton.server import LocalTritonServer
+    from optimizer.triton.runtime.server import LocalTritonServer
 
     assert ort_export.returncode == 0, ort_export.stderr
     with LocalTritonServer(work / "repo_ort") as server:  # stands for a server someone else runs
@@ -262,10 +262,10 @@ def test_the_measurement_interval_reaches_validate_and_a_slow_models_window_only
     """--measurement-interval reaches validate, and a slow model's window is only ever lengthened from it."""
     from click.testing import CliRunner
 
-    import optimizer.triton.validation as validation
+    import optimizer.triton.measure.validation as validation
     from optimizer.cli import main
-    from optimizer.triton.perf_analyzer import PerfSettings
-    from optimizer.triton.validation.checks import window_for
+    from optimizer.triton.runtime.perf_analyzer import PerfSettings
+    from optimizer.triton.measure.validation.checks import window_for
 
     seen = {}
 
@@ -302,7 +302,7 @@ def test_the_onnxruntime_stand_in_completes_configs_and_takes_optional_inputs_as
     it refused the second."""
     from onnx import TensorProto, helper
 
-    from optimizer.triton.server import LocalTritonServer
+    from optimizer.triton.runtime.server import LocalTritonServer
 
     repo = tmp_path / "repo"
     _onnx_model(repo / "autofill" / "1" / "model.onnx", [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
@@ -442,7 +442,7 @@ def test_a_decoupled_model_is_not_validated_and_the_reason_says_how_to_measure_i
 
 
 def test_each_answer_check_request_to_a_sequence_model_is_a_sequence_of_its_own():
-    from optimizer.triton.validation.client import one_request_sequence
+    from optimizer.triton.measure.client import one_request_sequence
 
     assert one_request_sequence({"max_batch_size": 8}) == {}
     first, second = one_request_sequence({"sequence_batching": {}}), one_request_sequence({"sequence_batching": {}})
@@ -458,7 +458,7 @@ def test_the_onnxruntime_stand_in_hands_text_to_onnxruntime_and_bytes_back():
     import types
 
     sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    path = Path(__file__).parents[1] / "optimizer" / "triton" / "standin_backends" / "onnxruntime" / "model.py"
+    path = Path(__file__).parents[1] / "optimizer" / "triton" / "runtime" / "standin_backends" / "onnxruntime" / "model.py"
     spec = importlib.util.spec_from_file_location("ort_standin", path)
     standin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(standin)
@@ -470,7 +470,7 @@ def test_the_onnxruntime_stand_in_hands_text_to_onnxruntime_and_bytes_back():
 
 def test_a_model_folder_without_a_config_is_found_as_triton_finds_it(tmp_path: Path):
     from optimizer.errors import RepositoryError
-    from optimizer.triton.validation import resolve_target
+    from optimizer.triton.measure.validation import resolve_target
 
     (tmp_path / "repo" / "bare" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "bare" / "1" / "model.onnx").write_bytes(b"")
@@ -488,7 +488,7 @@ def test_a_model_folder_without_a_config_is_found_as_triton_finds_it(tmp_path: P
 
 def test_the_versions_a_server_holds_ready_are_read_from_its_repository_index():
     """A version_policy can serve several versions while requests without a version reach only the newest: validate names them."""
-    from optimizer.triton.validation.client import ready_versions, response_cache_enabled
+    from optimizer.triton.measure.client import ready_versions, response_cache_enabled
 
     class Http:
         __module__ = "tritonclient.http._client"
@@ -502,7 +502,7 @@ def test_the_versions_a_server_holds_ready_are_read_from_its_repository_index():
 
 
 def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from optimizer.triton.validation import find_export_report, resolve_target
+    from optimizer.triton.measure.validation import find_export_report, resolve_target
 
     model = write_double_model(tmp_path / "repo")
     elsewhere = write_double_model(tmp_path / "other_repo")
@@ -527,7 +527,7 @@ def test_the_export_report_is_found_from_the_repository(tmp_path: Path, monkeypa
 
 def test_the_export_reference_is_read_from_the_typed_report(tmp_path: Path):
     from optimizer.errors import RepositoryError
-    from optimizer.triton.validation import load_export_reference
+    from optimizer.triton.measure.validation import load_export_reference
     from tests.conftest import ROOT
 
     folder = tmp_path / "rep"
@@ -573,7 +573,7 @@ def test_a_reshaped_output_is_compared_in_the_shape_clients_receive():
     reference is [batch]; the check compares the two as clients see them, and a real shape difference still shows."""
     import numpy as np
 
-    from optimizer.triton.validation.checks import as_served
+    from optimizer.triton.measure.answers import as_served
 
     ref = np.arange(3, dtype=np.float32)
     spec = {"name": "output__1", "data_type": "TYPE_FP32", "dims": ["1"], "reshape": {}}
@@ -588,7 +588,7 @@ def test_a_reshaped_input_is_sent_in_the_configs_dims():
     [batch], Triton refused it ("unexpected shape for input 'idx' ... Expected [-1,1], got [1]")."""
     import numpy as np
 
-    from optimizer.triton.validation.client import as_sent
+    from optimizer.triton.measure.client import as_sent
 
     idx = np.array([1, 2, 3], dtype=np.int32)
     spec = {"name": "idx", "data_type": "TYPE_INT32", "dims": ["1"], "reshape": {}}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from optimizer.errors import ValidationError
-from optimizer.triton import server as server_module
-from optimizer.triton.served_search.loader import VariantLoader
+from optimizer.triton.runtime import server as server_module
+from optimizer.triton.measure.served_search.loader import VariantLoader
 
 MODEL_CONFIG = 'name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 4\n'
 

@@ -29,8 +29,8 @@ from optimizer.task.context import TuneContext
 from optimizer.task.isolation import refuse_unguarded_main
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.reference_set import prepare_reference
-from optimizer.triton.publish import PublishOptions, check_target, publish
-from optimizer.triton.repository import Published, check_model_name, outside_repository
+from optimizer.triton.repository.publish import PublishOptions, check_target, publish
+from optimizer.triton.repository.atomic import Published, check_model_name, outside_repository
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     on_event(Event("report", "done", message=f"{report_path} (+ {', '.join(p.name for p in [rendered.markdown, *rendered.plots.values()])})"))
     validation = None
     if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
-        from optimizer.triton.validation import validate
+        from optimizer.triton.measure.validation import validate
 
         validation = validate(plan.repository, name, concurrency=settings.validate_concurrency, report_dir=report_dir,
                               on_event=on_event, cache_dir=plan.cache_root, protocol=search.protocol or "http")  # like the search
@@ -225,8 +225,8 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
     server's own words in the report."""
     if settings.serve_search == "off":
         return ServedSearch(status="off", reason="--serve-search off: the in-process rules stand")
-    from optimizer.triton.served_search import SearchRequest, served_search
-    from optimizer.triton.served_search.request import LOCAL_PROTOCOL
+    from optimizer.triton.measure.served_search import SearchRequest, served_search
+    from optimizer.triton.measure.served_search.request import LOCAL_PROTOCOL
 
     budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds)
     concurrency, load_range = settings.load()
@@ -255,7 +255,7 @@ def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, optio
 
 
 WRONG_ANSWERS = "its answers are wrong"
-"""How the served search's start check words a variant whose answers are not the reference's (served_search/run.py)."""
+"""How the served search's start check words a variant whose answers are not the reference's (served_search/measurer.py)."""
 
 
 def _next_candidate(result: TuneResult, tried: set[str | None]) -> Any:

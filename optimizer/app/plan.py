@@ -24,8 +24,8 @@ from optimizer.settings import ExportSettings
 from optimizer.task.accuracy_gate import load_check, parse_budget
 from optimizer.task.correctness import parse_tolerances
 from optimizer.task.release_gate import ReleaseGate, local_toolchain, onnx_model_versions
-from optimizer.triton.publish import PublishOptions, check_options, repository_argument
-from optimizer.triton.repository import check_model_name, check_version
+from optimizer.triton.repository.publish import PublishOptions, check_options, repository_argument
+from optimizer.triton.repository.atomic import check_model_name, check_version
 from optimizer.tune_strategy import STRATEGIES, TuneStrategy
 from optimizer.tune_strategy.multi_backend_strategy import check_backend_names
 from optimizer.vocab import Device
@@ -167,7 +167,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
     if settings.template_dir and not Path(settings.template_dir).is_dir():
         raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
     if settings.url and settings.serve_search == "on":  # the user's server: reachable and loading on request, before any tuning
-        from optimizer.triton.remote import probe_server
+        from optimizer.triton.runtime.remote import probe_server
 
         plan.server = probe_server(settings.url, settings.protocol)
         if plan.server.release and plan.server.release != settings.triton_release:
@@ -177,8 +177,8 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
     elif settings.url:
         raise SettingsError("--url runs the served search on that server, and --serve-search off skips the search; drop one of them.")
     if settings.validate:  # a missing tool or a bad range fails now, not after tuning
-        from optimizer.triton.perf_analyzer import ConcurrencyRange, find_perf_analyzer
-        from optimizer.triton.server import find_triton
+        from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, find_perf_analyzer
+        from optimizer.triton.runtime.server import find_triton
 
         if settings.validate_concurrency != "auto":
             ConcurrencyRange.parse(settings.validate_concurrency)

@@ -8,8 +8,8 @@ from optimizer.errors import PublishError
 from optimizer.machine import cache_root
 from optimizer.records.report_file import read_report
 from optimizer.records.served_search import ServedSearch
-from optimizer.triton.publish import PublishOptions, check_options, publish, repository_argument
-from optimizer.triton.repository import Published
+from optimizer.triton.repository.publish import PublishOptions, check_options, publish, repository_argument
+from optimizer.triton.repository.atomic import Published
 
 
 def republish(report: Path, repository: Path | str | None = None, name: str | None = None, version: int | None = None,

@@ -85,7 +85,7 @@ def serve(request: ServeRequest, on_started: Callable[[Serving], None], log_sink
           poll_s: float = 0.5) -> int:
     """Start the server, call `on_started`, stream its log to `log_sink` and wait until Ctrl-C/SIGTERM (returns 0) or until
     the server exits by itself (ValidationError with its error lines). The server is always stopped on the way out."""
-    from optimizer.triton.server import LocalTritonServer, error_lines, find_triton, homes_root, prepare_home
+    from optimizer.triton.runtime.server import LocalTritonServer, error_lines, find_triton, homes_root, prepare_home
 
     check_request(request)
     home = prepare_home(find_triton(), homes_root(request.cache_dir))
@@ -133,7 +133,7 @@ def _tail(path: Path, offset: int, sink: Callable[[bytes], None] | None) -> int:
 def _repository_for_server(repo: str, work: Path) -> tuple[str, dict[str, str] | None, list[str]]:
     """What --model-repository gets, the server's extra environment, and notes on what was changed for the local core."""
     if repo.startswith("s3://"):
-        from optimizer.triton.object_store import ObjectStore, parse_location
+        from optimizer.triton.repository.object_store import ObjectStore, parse_location
 
         store = ObjectStore(parse_location(repo, "REPO"), RepositoryError)
         store.check()
@@ -143,8 +143,8 @@ def _repository_for_server(repo: str, work: Path) -> tuple[str, dict[str, str] |
 
 def _local_view(repository: Path, view: Path) -> tuple[str, None, list[str]]:
     """The repository itself, or (a model the 2.51 core cannot load as published) a private view of it."""
-    from optimizer.triton.local_serving import local_config, needs_translation, private_model, translation_note
-    from optimizer.triton.model_config import canonical, parse
+    from optimizer.triton.runtime.local_serving import local_config, needs_translation, private_model, translation_note
+    from optimizer.triton.config.model_config import canonical, parse
 
     translate = {}
     for config_path in sorted(repository.glob("*/config.pbtxt")):

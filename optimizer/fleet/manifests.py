@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 from optimizer.errors import OptimizerError, PublishError, SettingsError
 from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.records.triton_releases import DEFAULT_RELEASE
-from optimizer.triton.model_analyzer import to_yaml
-from optimizer.triton.repository import check_model_name
+from optimizer.triton.repository.model_analyzer import to_yaml
+from optimizer.triton.repository.atomic import check_model_name
 
 if TYPE_CHECKING:
-    from optimizer.triton.repository import Published
+    from optimizer.triton.repository.atomic import Published
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def storage_location(repository: str | Path) -> StorageLocation:
 
 def _uri_text(value: str | Path) -> str:
     """The text of a path or URI; an s3:// URL that went through Path() (`s3:/bucket/...`) gets its slash back."""
-    from optimizer.triton.object_store.location import store_url
+    from optimizer.triton.repository.object_store.location import store_url
 
     return store_url(value) or str(value)
 
@@ -151,7 +151,7 @@ def _uri_text(value: str | Path) -> str:
 def _s3_location(url: str) -> StorageLocation:
     """KServe reads s3://BUCKET/PREFIX only: the endpoint of Triton's s3://HOST:PORT/BUCKET/PREFIX form moves to the
     annotations KServe reads on the predictor's ServiceAccount (or the credentials Secret it lists)."""
-    from optimizer.triton.object_store.location import parse_location
+    from optimizer.triton.repository.object_store.location import parse_location
 
     location = parse_location(url, "the repository")
     where = "the predictor's ServiceAccount (spec.predictor.serviceAccountName) or the credentials Secret it lists"

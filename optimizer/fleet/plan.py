@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from optimizer.errors import PublishError, SettingsError, UsageError
 from optimizer.settings import ExportSettings, read_toml, settings_from, settings_values
-from optimizer.triton.repository import check_model_name
+from optimizer.triton.repository.atomic import check_model_name
 from optimizer.vocab import Device
 
 EXECUTORS = ("local", "ray")

@@ -1,6 +1,6 @@
 """Served-search records: an operating point of the served config, one measured variant with its load curve, and the search.
 
-Plain data with JSON round trips: the search (triton/served_search) writes them, publishing applies
+Plain data with JSON round trips: the search (triton/measure/served_search) writes them, publishing applies
 the chosen point, report.json keeps every variant under `published.served_search`, and `validate`
 reads the curve back to predict the loads the search did not measure.
 """
@@ -123,6 +123,8 @@ class ServedVariant:
     seconds: float = 0.0  # load + warm-up + measurement
     differs: dict[str, list[Any]] = field(default_factory=dict)  # filled in at the end: field -> [this, published]
     traffic: str = ""  # "" the traffic as it comes; "padded": every request padded to the bucket edges (padding.py)
+    worst: float | None = None  # a robust objective: its worst score against the best variant at each load (1.0: the best everywhere)
+    worst_at: int | None = None  # the load where that score is worst
 
     def level(self, concurrency: int) -> LoadLevel | None:
         """The curve's measurement at `concurrency`, if it was measured."""

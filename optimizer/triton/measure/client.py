@@ -11,7 +11,7 @@ import numpy as np
 from optimizer.errors import ValidationError
 from optimizer.model.dtypes import dtype_from_name
 from optimizer.model.samples import Feed
-from optimizer.triton.server import LocalTritonServer, triton_message
+from optimizer.triton.runtime.server import LocalTritonServer, triton_message
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import RepositoryError, SettingsError, TemplateError
-from optimizer.triton.object_store.location import store_url
-from optimizer.triton.repository import outside_repository
-from optimizer.triton.rules.base import backend_of, platform_of
-from optimizer.triton.server import ServerHome
+from optimizer.triton.repository.object_store.location import store_url
+from optimizer.triton.repository.atomic import outside_repository
+from optimizer.triton.config.rules.base import backend_of, platform_of
+from optimizer.triton.runtime.server import ServerHome
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ModelTarget:
 
 def resolve_target(repository: Path, model: str | None) -> ModelTarget:
     """REPO and --model -> the model to validate. REPO may also be a model folder (one holding config.pbtxt), or an s3:// URL."""
-    from optimizer.triton.model_config import parse
+    from optimizer.triton.config.model_config import parse
 
     url = store_url(repository)
     if url is not None:
@@ -98,8 +98,8 @@ def _bare_backend(folder: Path) -> str:
 
 def _resolve_store_target(url: str, model: str | None) -> ModelTarget:
     """The model to validate in an s3:// repository: its models are the folders holding a config.pbtxt."""
-    from optimizer.triton.model_config import parse
-    from optimizer.triton.object_store import ObjectStore, parse_location
+    from optimizer.triton.config.model_config import parse
+    from optimizer.triton.repository.object_store import ObjectStore, parse_location
 
     location = parse_location(url, "REPO")
     store = ObjectStore(location, RepositoryError)
@@ -124,7 +124,7 @@ def _resolve_store_target(url: str, model: str | None) -> ModelTarget:
 
 def _public_models(configs: dict[str, bytes]) -> list[str]:
     """The models no ensemble among `configs` is built on (an export behind the client contract is two models, one public)."""
-    from optimizer.triton.model_config import parse
+    from optimizer.triton.config.model_config import parse
 
     composed: set[str] = set()
     for name, text in configs.items():
@@ -138,7 +138,7 @@ def _public_models(configs: dict[str, bytes]) -> list[str]:
 
 def composing_targets(target: ModelTarget) -> list[ModelTarget]:
     """The models an ensemble target runs (its steps' models, from the same repository); [] for any other model."""
-    from optimizer.triton.model_config import parse
+    from optimizer.triton.config.model_config import parse
 
     out = []
     for step in target.config.ensemble_scheduling.step:
@@ -194,7 +194,7 @@ def local_servability(target: ModelTarget, home: ServerHome) -> str:
                     "validate it against a Triton with the native backend (--url HOST:PORT).")
     if target.backend not in home.native_backends() | home.stand_ins():
         return (f"the local server has no {target.backend!r} backend (neither libtriton_{target.backend}.so nor a stand-in "
-                f"in optimizer/triton/standin_backends/{target.backend}/); validate it against a Triton that has one (--url HOST:PORT).")
+                f"in optimizer/triton/runtime/standin_backends/{target.backend}/); validate it against a Triton that has one (--url HOST:PORT).")
     return ""
 
 

@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimizer.machine import cpu_cores
-from optimizer.triton.model_config import config_signature
+from optimizer.triton.config.model_config import config_signature
 
 if TYPE_CHECKING:
     from optimizer.records.tune_result import TuneResult
-    from optimizer.triton.model_config import ConfigSpec
-    from optimizer.triton.repository import Published
+    from optimizer.triton.config.model_config import ConfigSpec
+    from optimizer.triton.repository.atomic import Published
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def analyzer_config(published: Published, result: TuneResult, spec: ConfigSpec, 
 def perf_analyzer_windows() -> dict[str, Any]:
     """perf_analyzer measures as `aitune-export validate` does (PerfSettings: time windows, a tolerance that settles on
     a shared machine) instead of Model Analyzer's request-count windows, which it keeps enlarging on a busy CPU."""
-    from optimizer.triton.perf_analyzer import PerfSettings
+    from optimizer.triton.runtime.perf_analyzer import PerfSettings
 
     settings = PerfSettings()
     return {"measurement-mode": "time_windows", "measurement-interval": settings.measurement_interval_ms,
@@ -157,8 +157,8 @@ def _shapes(spec: ConfigSpec, result: TuneResult) -> list[str]:
 
 def local_perf_analyzer() -> dict[str, Any] | None:
     """perf_analyzer 2.51 from this environment and the CUDA runtime folder it links (None: not installed)."""
-    from optimizer.triton.perf_analyzer import cuda_runtime_lib_dir, find_perf_analyzer
-    from optimizer.triton.server import ToolMissing
+    from optimizer.triton.runtime.perf_analyzer import cuda_runtime_lib_dir, find_perf_analyzer
+    from optimizer.triton.runtime.server import ToolMissing
 
     try:
         binary = find_perf_analyzer()
@@ -173,7 +173,7 @@ def local_server(cache_dir: Path | None = None) -> dict[str, Any] | None:
     PATH it needs (server_environment), the flags LocalTritonServer passes (backends, caches, a python-backend
     shared-memory prefix of its own, loopback addresses) and free loopback ports. None (reason logged) when no local
     tritonserver is installed."""
-    from optimizer.triton.server import (
+    from optimizer.triton.runtime.server import (
         SHM_PREFIX,
         ToolMissing,
         find_triton,
@@ -230,7 +230,7 @@ def write_launcher(path: Path, tool: dict[str, Any], what: str) -> Path:
 def write_base_repository(work: Path, published: Published) -> Path:
     """work/repository/<name>/: the published config.pbtxt without preferred_batch_size and model_warmup, and links to
     the published model's other entries (version folders); replaced as a whole. Returns the model folder."""
-    from optimizer.triton.model_config import canonical, parse
+    from optimizer.triton.config.model_config import canonical, parse
 
     model_dir = published.model_dir.resolve()
     repo = work / "repository"

@@ -18,11 +18,11 @@ from optimizer.errors import PublishError, TemplateError
 from optimizer.model.samples import load_feeds
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton import rules
-from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
-from optimizer.triton.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
-from optimizer.triton.object_store.location import check_scheme, parse_location, store_url
-from optimizer.triton.repository import (
+from optimizer.triton.config import rules
+from optimizer.triton.config.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
+from optimizer.triton.config.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
+from optimizer.triton.repository.object_store.location import check_scheme, parse_location, store_url
+from optimizer.triton.repository.atomic import (
     ModelFiles,
     Published,
     RepositoryState,
@@ -64,7 +64,7 @@ def check_options(options: PublishOptions) -> None:
     if url is None:
         check_repository(Path(options.repository))
         return
-    from optimizer.triton.object_store.client import ObjectStore
+    from optimizer.triton.repository.object_store.client import ObjectStore
 
     ObjectStore(parse_location(url)).check()
 
@@ -78,7 +78,7 @@ def check_target(repository: Path | str, name: str, version: int | None, overwri
         if url is None:
             check_target_free(Path(repository), each, version, overwrite)
             continue
-        from optimizer.triton.object_store.upload import check_store_target
+        from optimizer.triton.repository.object_store.upload import check_store_target
 
         check_store_target(parse_location(url), each, version, overwrite)
 
@@ -283,7 +283,7 @@ def _place(options: PublishOptions, build: Any) -> tuple[Published, Published]:
     if url is None:
         published = publish_model(Path(options.repository), options.name, build, options.version, options.overwrite)
         return published, published
-    from optimizer.triton.object_store.upload import publish_to_store
+    from optimizer.triton.repository.object_store.upload import publish_to_store
 
     staging = options.report_dir / "work" / "object_store" if options.report_dir is not None else None
     published, staged = publish_to_store(parse_location(url), options.name, build, options.version, options.overwrite, staging)
@@ -328,7 +328,7 @@ def _record(result: TuneResult, options: PublishOptions, placed: _Placed, publis
     published.served_search = options.served_search.to_json() if options.served_search is not None else None
     if options.report_dir is None:
         return
-    from optimizer.triton.model_analyzer import write_model_analyzer_config
+    from optimizer.triton.repository.model_analyzer import write_model_analyzer_config
 
     path = write_model_analyzer_config(options.report_dir, placed.local, result, placed.spec, options.cache_dir)
     published.model_analyzer_config = str(path)
@@ -341,7 +341,7 @@ def _write_perf_analyzer_input(report_dir: Path, result: TuneResult, public_name
     """perf_analyzer's --input-data beside the report: the run's traffic in its ratios (padded to the bucket edges when
     clients are told to pad), which the served search and validate send too. In the config's names, or (`public_names`:
     a model behind an ensemble) in the forward names clients send."""
-    from optimizer.triton.perf_analyzer_input import traffic_requests, write_input_data
+    from optimizer.triton.runtime.perf_analyzer_input import traffic_requests, write_input_data
 
     if not Path(result.reference.profile_feed).is_file():
         return None

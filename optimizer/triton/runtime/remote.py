@@ -40,7 +40,7 @@ class ServerFacts:
 
 def probe_server(url: str, protocol: str = "http", timeout_s: float = 10.0) -> ServerFacts:
     """Reach the server, read its metadata and check it loads models on request; ServerError (one line) otherwise."""
-    from optimizer.triton.server import open_client, triton_message
+    from optimizer.triton.runtime.server import open_client, triton_message
 
     if protocol not in ("http", "grpc"):
         raise ServerError(f"--protocol {protocol!r} is not http or grpc.")

@@ -18,8 +18,8 @@ composing models' configs, sequence `state` initial data, and backend checks nee
 dtypes, TorchScript signatures, OpenVINO IR).
 """
 
-from optimizer.triton.rules.base import CORE, ArtifactFacts, RuleViolation
-from optimizer.triton.rules.check import RULES, check, violations, warnings
-from optimizer.triton.rules.facts import facts_for, local_gpu_count
+from optimizer.triton.config.rules.base import CORE, ArtifactFacts, RuleViolation
+from optimizer.triton.config.rules.check import RULES, check, violations, warnings
+from optimizer.triton.config.rules.facts import facts_for, local_gpu_count
 
 __all__ = ["CORE", "RULES", "ArtifactFacts", "RuleViolation", "check", "facts_for", "local_gpu_count", "violations", "warnings"]

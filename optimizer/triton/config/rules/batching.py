@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, ArtifactFacts, RuleViolation
+from optimizer.triton.config.rules.base import CORE, ArtifactFacts, RuleViolation
 
 DELAY = 1  # ModelQueuePolicy.TimeoutAction.DELAY
 

@@ -15,20 +15,20 @@ from types import MappingProxyType
 from typing import Any
 
 from optimizer.errors import ConfigRuleError
-from optimizer.triton.rules.base import ArtifactFacts, Rule, RuleViolation
-from optimizer.triton.rules.batching import dynamic_batching, max_batch_size
-from optimizer.triton.rules.ensemble import ensemble
-from optimizer.triton.rules.instances import instance_group
-from optimizer.triton.rules.onnxruntime import onnx_io, optimization
-from optimizer.triton.rules.openvino import openvino
-from optimizer.triton.rules.parameters import parameters
-from optimizer.triton.rules.platform import name, platform_backend, version_policy
-from optimizer.triton.rules.pytorch import libtorch_names, torch_aoti_names
-from optimizer.triton.rules.sequence import sequence_batching
-from optimizer.triton.rules.server_features import model_metrics, response_cache
-from optimizer.triton.rules.tensorrt import tensorrt_engine
-from optimizer.triton.rules.tensors import batch_io, io
-from optimizer.triton.rules.warmup import warmup
+from optimizer.triton.config.rules.base import ArtifactFacts, Rule, RuleViolation
+from optimizer.triton.config.rules.batching import dynamic_batching, max_batch_size
+from optimizer.triton.config.rules.ensemble import ensemble
+from optimizer.triton.config.rules.instances import instance_group
+from optimizer.triton.config.rules.onnxruntime import onnx_io, optimization
+from optimizer.triton.config.rules.openvino import openvino
+from optimizer.triton.config.rules.parameters import parameters
+from optimizer.triton.config.rules.platform import name, platform_backend, version_policy
+from optimizer.triton.config.rules.pytorch import libtorch_names, torch_aoti_names
+from optimizer.triton.config.rules.sequence import sequence_batching
+from optimizer.triton.config.rules.server_features import model_metrics, response_cache
+from optimizer.triton.config.rules.tensorrt import tensorrt_engine
+from optimizer.triton.config.rules.tensors import batch_io, io
+from optimizer.triton.config.rules.warmup import warmup
 
 log = logging.getLogger(__name__)
 

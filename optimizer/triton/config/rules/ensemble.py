@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, ArtifactFacts, RuleViolation, backend_of
+from optimizer.triton.config.rules.base import CORE, ArtifactFacts, RuleViolation, backend_of
 
 
 def ensemble(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:

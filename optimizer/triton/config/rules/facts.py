@@ -11,7 +11,7 @@ from typing import Any
 
 from optimizer.errors import ConfigRuleError
 from optimizer.records.artifact import Artifact
-from optimizer.triton.rules.base import ArtifactFacts
+from optimizer.triton.config.rules.base import ArtifactFacts
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, TRT, ArtifactFacts, RuleViolation, gpu_only, platform_of
+from optimizer.triton.config.rules.base import CORE, TRT, ArtifactFacts, RuleViolation, gpu_only, platform_of
 
 
 def instance_group(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer.triton.rules.base import ORT, WILDCARD, ArtifactFacts, RuleViolation, backend_of, shape_text
-from optimizer.triton.rules.sequence import sequence_controls
+from optimizer.triton.config.rules.base import ORT, WILDCARD, ArtifactFacts, RuleViolation, backend_of, shape_text
+from optimizer.triton.config.rules.sequence import sequence_controls
 
 ORT_GPU_ACCELERATORS = frozenset({"tensorrt", "cuda"})
 ORT_CPU_ACCELERATORS = frozenset({"openvino"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from optimizer.triton.rules.base import OPENVINO, ArtifactFacts, RuleViolation, backend_of
+from optimizer.triton.config.rules.base import OPENVINO, ArtifactFacts, RuleViolation, backend_of
 
 _OV_VALUES = MappingProxyType({
     "NUM_STREAMS": ("either AUTO/NUMA/<int_value>", lambda v: v in ("auto", "numa") or v.isdigit()),

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from optimizer.triton.rules.base import BACKEND_NAMES, ArtifactFacts, RuleViolation, backend_of
+from optimizer.triton.config.rules.base import BACKEND_NAMES, ArtifactFacts, RuleViolation, backend_of
 
 # Known backend parameters and their types: bool (true/false/1/0), int, or a tuple of allowed words.
 PARAMETER_TYPES: Mapping[str, Mapping[str, Any]] = MappingProxyType({

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, PLATFORM_BACKEND, TYPED_BACKENDS, ArtifactFacts, RuleViolation, backend_of, platform_of
+from optimizer.triton.config.rules.base import CORE, PLATFORM_BACKEND, TYPED_BACKENDS, ArtifactFacts, RuleViolation, backend_of, platform_of
 
 
 def name(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from optimizer.triton.rules.base import LIBTORCH, LIBTORCH_NAMED, ArtifactFacts, RuleViolation, platform_of
+from optimizer.triton.config.rules.base import LIBTORCH, LIBTORCH_NAMED, ArtifactFacts, RuleViolation, platform_of
 
 _LIBTORCH_OUTPUT = re.compile(r"^.+__\d+$")
 _AOTI_INPUT = re.compile(r"^(INPUT__\d+|ARGS\[[^\[\]]+\](\[[^\[\]]+\])*|KWARGS\[[^\[\]]+\](\[[^\[\]]+\])*)$")

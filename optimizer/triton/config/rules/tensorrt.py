@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import TRT, ArtifactFacts, RuleViolation, is_tensorrt
+from optimizer.triton.config.rules.base import TRT, ArtifactFacts, RuleViolation, is_tensorrt
 
 
 def tensorrt_engine(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:

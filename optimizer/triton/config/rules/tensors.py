@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.triton.rules.base import CORE, WILDCARD, ArtifactFacts, RuleViolation, element_count, platform_of
+from optimizer.triton.config.rules.base import CORE, WILDCARD, ArtifactFacts, RuleViolation, element_count, platform_of
 
 
 def _io_shape(kind: str, t: Any, config: Any) -> str | None:

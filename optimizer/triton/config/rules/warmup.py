@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from optimizer.model.dtypes import triton_itemsize
-from optimizer.triton.rules.base import CORE, OURS, WILDCARD, ArtifactFacts, RuleViolation, element_count, shape_text
+from optimizer.triton.config.rules.base import CORE, OURS, WILDCARD, ArtifactFacts, RuleViolation, element_count, shape_text
 
 
 def warmup(config: Any, facts: ArtifactFacts) -> list[RuleViolation]:

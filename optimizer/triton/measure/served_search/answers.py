@@ -22,10 +22,9 @@ def wrong_answers(result: TuneResult, protocol: str, url: str, timeout_s: float,
 
     from optimizer.model.samples import load_feeds
     from optimizer.records.correctness import tolerances_from_json
-    from optimizer.triton.server import open_client, triton_message
-    from optimizer.triton.validation.checks import check_answers
-    from optimizer.triton.validation.client import served_config
-    from optimizer.triton.validation.expectation import accuracy_gate_of
+    from optimizer.triton.runtime.server import open_client, triton_message
+    from optimizer.triton.measure.answers import accuracy_gate_of, check_answers
+    from optimizer.triton.measure.client import served_config
 
     reference = result.reference
     back = {} if fronted else {original: served for served, original in renamed.items()}

@@ -35,7 +35,7 @@ CACHE_FORMAT = 2
 def search_key(result: TuneResult, start_config: str, request: Any, server_build: str, io_names: str, others: tuple[str, ...] = ()) -> str:
     """The cache key of one served search (see the module docstring for what goes in)."""
     from optimizer._version import __version__
-    from optimizer.triton.publish import model_files
+    from optimizer.triton.repository.publish import model_files
 
     h = hashlib.sha256(f"aitune-export {__version__} served-search {CACHE_FORMAT}".encode())
     for source in sorted(Path(__file__).parent.glob("*.py")):  # the search's own code: a changed search measures again

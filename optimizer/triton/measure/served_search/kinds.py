@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton.front import needs_front
-from optimizer.triton.model_config import (
+from optimizer.triton.config.front import needs_front
+from optimizer.triton.config.model_config import (
     batching_plan,
     config_signature,
     operating_point_of,
 )
-from optimizer.triton.publish import PublishOptions, prepare_config
-from optimizer.triton.served_search.points import SearchSpace
-from optimizer.triton.served_search.request import SearchRequest
+from optimizer.triton.repository.publish import PublishOptions, prepare_config
+from optimizer.triton.measure.served_search.points import SearchSpace
+from optimizer.triton.measure.served_search.request import SearchRequest
 from optimizer.vocab import Device
 
 if TYPE_CHECKING:
-    from optimizer.triton.served_search.run import SearchRun
+    from optimizer.triton.measure.served_search.run import SearchRun
 
 
 def other_kind(result: TuneResult, options: PublishOptions, request: SearchRequest, gpu: bool) -> str | None:
@@ -64,10 +64,11 @@ def enter_other_kind(run: SearchRun, name: str, where: Any, options: PublishOpti
                       space: SearchSpace) -> None:
     """Measure the other kind's candidate in the same server: its rules' config, max 1, and its peak without a delay, in
     the selected one's instance layout; from then on its variants compete with the rest (refined when among the best)."""
-    from optimizer.triton.served_search.run import OutOfTime
+    from optimizer.triton.measure.served_search.run import OutOfTime
 
-    cand = next(c for c in run.result.candidates if c.name == name)
-    other = replace(run.result, selected=name, max_batch_size=cand.decision.max_batch_size)
+    selected = run.measurer.result
+    cand = next(c for c in selected.candidates if c.name == name)
+    other = replace(selected, selected=name, max_batch_size=cand.decision.max_batch_size)
     _padded_rules(other)
     text, extra, spec = prepare_config(other, options)
     start = operating_point_of(spec, cand.artifact.platform.thread_parameter)
@@ -76,8 +77,8 @@ def enter_other_kind(run: SearchRun, name: str, where: Any, options: PublishOpti
                    if (decision.peak or 0) > 1 else None)
     own = SearchSpace.of(decision, start, space.cores, space.gpu, request.concurrency or 0, request.user_max, rules_delay_us=rules_delay,
                          pads=cand.artifact.platform.pads_batch, loads=space.loads)
-    run.results[name], run.spaces[name] = other, own
-    run.loader.add_source(name, **where.source_of(other, extra))
+    run.measurer.results[name], run.spaces[name] = other, own
+    run.measurer.loader.add_source(name, **where.source_of(other, extra))
     layout = {"instances": run.best.point.instances, "threads": run.best.point.threads}
     points = [replace(start, candidate=name)]
     if own.batching and not own.fixed_max:
@@ -87,7 +88,7 @@ def enter_other_kind(run: SearchRun, name: str, where: Any, options: PublishOpti
     except OutOfTime:
         pass
     kind = "pads every execution to max_batch_size" if cand.artifact.platform.pads_batch else "computes only the rows that came"
-    search.kinds = f"{name} (which {kind}) entered the search beside {run.result.selected}, measured in the same server"
+    search.kinds = f"{name} (which {kind}) entered the search beside {selected.selected}, measured in the same server"
 
 
 def _padded_rules(result: TuneResult) -> None:

@@ -34,7 +34,7 @@ def config_json(text: str, name: str) -> str:
     """A config.pbtxt as the JSON a load request carries (model_config.proto field names), renamed to `name`."""
     from google.protobuf import json_format
 
-    from optimizer.triton.model_config import parse
+    from optimizer.triton.config.model_config import parse
 
     config = parse(text)
     config.name = name
@@ -81,7 +81,7 @@ class VariantLoader:
     def client(self) -> Any:
         """One client for the repository calls (loads run on their own clients, one per thread)."""
         if self._client is None:
-            from optimizer.triton.server import open_client
+            from optimizer.triton.runtime.server import open_client
 
             self._client = open_client(self.protocol, self.url, self.timeout_s)
         return self._client
@@ -91,7 +91,7 @@ class VariantLoader:
 
         `files` replaces the model's files for these loads (an ensemble front's version folder marker); None: the model's
         (`candidate`'s, when one was added with add_source)."""
-        from optimizer.triton.server import open_client, triton_message
+        from optimizer.triton.runtime.server import open_client, triton_message
 
         place, own = self._sources.get(candidate, (self._place, self._files)) if candidate else (self._place, self._files)
         overrides = own if files is None else ({f"file:{k}": v for k, v in files.items()} if own is not None else None)

@@ -11,17 +11,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from optimizer.errors import ValidationError
 from optimizer.records.served_search import LoadLevel, ServedVariant
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton.model_config import config_signature
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer
-from optimizer.triton.perf_analyzer_input import traffic_requests, write_input_data
-from optimizer.triton.served_search.objective import Objective
+from optimizer.triton.config.model_config import config_signature
+from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer
+from optimizer.triton.runtime.perf_analyzer_input import traffic_requests, write_input_data
+from optimizer.triton.measure.served_search.objective import Objective
 
 MIN_WINDOW_MS = 500
 """Half-second windows: timed here on the bundled CNN, 1 s windows made perf_analyzer's three stable windows 3.7 s of
@@ -52,12 +52,57 @@ class Bench:
             return self.window_ms
         return int(min(MAX_WINDOW_MS, max(MIN_WINDOW_MS, 1000.0 * WINDOW_REQUESTS / throughput)))
 
+    # -- what the search asks of the server: the one seam a test replaces with a made-up server --------------------------
+    def measure(self, model: str, concurrency: int, window_ms: int) -> LoadLevel:
+        """One perf_analyzer run at one concurrency (measure_level)."""
+        return measure_level(self, model, concurrency, window_ms)
+
+    def warm(self, model: str, concurrency: int, requests: int) -> None:
+        """Warm a loaded variant through tritonclient (warm_up)."""
+        warm_up(self, model, concurrency, requests)
+
+    def wrong_answers(self, result: TuneResult, model: str, renamed: dict[str, str], fronted: bool) -> str:
+        """"" when `model` answers the export's samples within its tolerances (answers.wrong_answers)."""
+        from optimizer.triton.measure.served_search.answers import wrong_answers
+
+        return wrong_answers(result, self.protocol, self.url, self.timeout_s, model, renamed, fronted)
+
+    def padded_answers(self, model: str, pairs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]], tolerances: dict,
+                       cosine: float | None) -> str:
+        """"" when `model` answers each request as it answers it padded (padding.answers_agree)."""
+        from optimizer.triton.measure.client import served_config
+        from optimizer.triton.measure.answers import answers_agree
+        from optimizer.triton.runtime.server import open_client
+
+        client = open_client(self.protocol, self.url, self.timeout_s)
+        try:
+            return answers_agree(client, model, served_config(client, model), pairs, tolerances, cosine)
+        finally:
+            client.close()
+
+    def watch(self) -> Any:
+        """A context manager that reads other processes' CPU while a level is measured (task/load_watch.LoadWatch)."""
+        from optimizer.task.load_watch import LoadWatch
+
+        return LoadWatch()
+
+    def wait_for_quiet(self, limit: float, seconds: float) -> float | None:
+        """Wait up to `seconds` for others' load to fall to `limit` cores; what it last saw (task/load_watch)."""
+        from optimizer.task.load_watch import wait_for_quiet
+
+        return wait_for_quiet(limit, seconds)
+
+    @staticmethod
+    def now() -> float:
+        """The clock the search's budget runs on."""
+        return time.monotonic()
+
 
 def warm_up(bench: Bench, model: str, concurrency: int, requests: int) -> None:
     """Send `requests` batch-1 requests, `concurrency` at a time, through tritonclient and discard the answers."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from optimizer.triton.server import open_client
+    from optimizer.triton.runtime.server import open_client
 
     if bench.protocol == "http":
         import tritonclient.http as module
@@ -97,14 +142,15 @@ def measure_level(bench: Bench, model: str, concurrency: int, window_ms: int) ->
 
 
 def sweep(variant: ServedVariant, objective: Objective, seed: int, measure: Callable[[int], LoadLevel],
-          explore_down: bool = True, stop: Callable[[list[LoadLevel]], str] | None = None) -> ServedVariant:
+          explore_down: bool = True, stop: Callable[[list[LoadLevel]], str] | None = None,
+          now: Callable[[], float] = time.monotonic) -> ServedVariant:
     """Measure the variant at the levels the objective asks for, starting at `seed`, and score it.
 
     `explore_down` False keeps a sweep from stepping below its start (the coarse pass: only the peak decides there).
     `stop` says why the sweep should end with the curve so far ("" to go on: out of the running, out of time): the
     variant's reason says so. A load that fails after the first ends the sweep the same way: on the transformer one
     perf_analyzer run timed out at the third load and the variant's two measured loads were thrown away with it."""
-    t0 = time.monotonic()
+    t0 = now()
     level: int | None = objective.first_level(seed)
     order: list[LoadLevel] = []
     while level is not None:
@@ -124,7 +170,7 @@ def sweep(variant: ServedVariant, objective: Objective, seed: int, measure: Call
     scored, meets = objective.score(variant.curve)
     variant.score_at(scored)
     variant.meets_budget = meets if objective.latency_budget_ms is not None else None
-    variant.seconds = round(variant.seconds + time.monotonic() - t0, 2)
+    variant.seconds = round(variant.seconds + now() - t0, 2)
     return variant
 
 

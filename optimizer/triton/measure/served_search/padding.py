@@ -12,24 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
 from optimizer.model.signature import Signature
 from optimizer.model.traffic import Traffic
 from optimizer.records.served_search import ServedSearch, ServedVariant
-from optimizer.triton.served_search.measure import request_mix
-from optimizer.triton.served_search.objective import robust_ratios
-from optimizer.triton.served_search.request import SearchRequest
+from optimizer.triton.measure.served_search.measure import request_mix
+from optimizer.triton.measure.served_search.objective import robust_ratios
+from optimizer.triton.measure.served_search.request import SearchRequest
 
 if TYPE_CHECKING:
-    from optimizer.triton.served_search.run import SearchRun
+    from optimizer.triton.measure.served_search.run import SearchRun
 
 PADDING_SHARE = 0.2
 """Of the budget, what the padding trial keeps: the two best variants measured under the padded traffic."""
 PADDING_GAIN = 0.10
 """Padding is advised when the padded traffic scores at least this much better: clients pay for it in code."""
-CHECKED_REQUESTS = 8
-"""Requests of distinct shapes whose padded answers are compared with their own."""
 
 
 @dataclass
@@ -50,49 +47,6 @@ class PaddingTrial:
                 "mixed_score": self.mixed_score, "padded_score": self.padded_score, "why": self.why}
 
 
-def answers_agree(client: Any, name: str, served: dict[str, Any], pairs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]],
-                  tolerances: dict[str, Any] | None, cosine: float | None) -> str:
-    """"" when every (request, padded request) pair gets the same answers, the padded outputs cut back to the request's own
-    output shapes; else which output of which request differed. `cosine` (a reduced-precision model's accuracy budget)
-    judges by cosine similarity instead of the elementwise tolerances."""
-    from tritonclient.utils import InferenceServerException
-
-    from optimizer.task.correctness import compare_outputs
-    from optimizer.triton.server import triton_message
-    from optimizer.triton.validation.client import infer, wire_dtype
-
-    outputs = served.get("output", [])
-    names = [o["name"] for o in outputs]
-    dtypes = [wire_dtype(o["data_type"])[0].name for o in outputs]
-    stacked: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {n: ([], []) for n in names}
-    for k, (request, padded) in enumerate(pairs[:CHECKED_REQUESTS]):
-        shape = "x".join(str(v.shape[1:] if v.ndim > 1 else v.shape) for v in request.values())
-        try:
-            own, long = infer(client, name, served, request), infer(client, name, served, padded)
-        except InferenceServerException as err:
-            return f"request {k} ({shape}): Triton answered {triton_message(err)}"
-        cut = []
-        for out_name, a, b in zip(names, own, long):
-            if a.ndim != b.ndim or any(sb < sa for sa, sb in zip(a.shape, b.shape)):
-                return f"output {out_name!r} of request {k} has shape {list(b.shape)} padded against {list(a.shape)}: it cannot be cut back"
-            cut.append(b[tuple(slice(0, s) for s in a.shape)])
-            stacked[out_name][0].append(a.astype(np.float64).ravel())
-            stacked[out_name][1].append(cut[-1].astype(np.float64).ravel())
-        if cosine is None:
-            case = compare_outputs(f"request {k}", names, dtypes, cut, own, tolerances)
-            if not case.passed:
-                bad = next(o for o in case.outputs if not o.passed)
-                return f"output {bad.name!r} of request {k} differs padded (max abs {bad.max_abs:.3g}, max rel {bad.max_rel:.3g})"
-    if cosine is not None:  # a reduced-precision model: every request's answers of one output as one vector, as the gate judges
-        for out_name, (own_all, cut_all) in stacked.items():
-            x, y = np.concatenate(own_all), np.concatenate(cut_all)
-            denom = float(np.linalg.norm(x) * np.linalg.norm(y))
-            sim = float(x @ y / denom) if denom > 0 else float(np.array_equal(x, y))
-            if sim < cosine:
-                return f"output {out_name!r}: cosine {sim:.5f} padded against unpadded over {len(own_all)} requests, below {cosine:g}"
-    return ""
-
-
 def padding_trial(run: SearchRun, trial: PaddingTrial, request: SearchRequest, search: ServedSearch, fronted: bool) -> PaddingTrial:
     """Measure the two best variants under the traffic padded to bucket edges; advise padding when the padded answers
     agreed with the unpadded ones (checked on the start) and the padded traffic scores PADDING_GAIN better (padding.py)."""
@@ -104,7 +58,7 @@ def padding_trial(run: SearchRun, trial: PaddingTrial, request: SearchRequest, s
     if not top:
         trial.why = "no variant was measured"
         return trial
-    input_data, _, rows = request_mix(run.results[top[0].point.candidate], request.workdir, public_names=fronted, padding={"edges": trial.edges},
+    input_data, _, rows = request_mix(run.measurer.results[top[0].point.candidate], request.workdir, public_names=fronted, padding={"edges": trial.edges},
                                       name="perf_analyzer_input_padded.json")
     measured = [v for v in run.measure_apart([v.point for v in top], replace(run.bench, input_data=input_data, rows=rows), "padded")
                 if v.status == "measured"]
@@ -128,7 +82,7 @@ def scores(run: SearchRun, mixed: list[ServedVariant], padded: list[ServedVarian
     """The objective's score of the best mixed-traffic variant and of the best padded one, measured on one scale."""
     objective = run.objective
     if objective.robust:
-        ratios = robust_ratios({("m", i): v.curve for i, v in enumerate(mixed)} | {("p", i): v.curve for i, v in enumerate(padded)}, run.request.percentile)
+        ratios = robust_ratios({("m", i): v.curve for i, v in enumerate(mixed)} | {("p", i): v.curve for i, v in enumerate(padded)}, run.percentile)
         best_p = max(range(len(padded)), key=lambda i: ratios[("p", i)][0])
         return ratios[("m", 0)][0], ratios[("p", best_p)][0], padded[best_p]
     top_p = max(padded, key=lambda v: (v.meets_budget is not False, v.throughput or 0.0))
@@ -142,24 +96,17 @@ def padded_answers(run: SearchRun, name: str, traffic: Traffic, sig: Signature, 
     """The loaded variant `name`'s answers to requests of distinct shapes against its answers to them padded ("" when
     they agree, cut back to each request's own shapes)."""
     from optimizer.records.correctness import tolerances_from_json
-    from optimizer.triton.served_search.padding import answers_agree
-    from optimizer.triton.server import open_client
-    from optimizer.triton.validation.client import served_config
-    from optimizer.triton.validation.expectation import accuracy_gate_of
+    from optimizer.triton.measure.answers import accuracy_gate_of
 
     by_shape = {}
     for req, pad in zip(traffic.requests, traffic.padded(sig, edges).requests):
         key = tuple(a.shape for a in req.values())
         if key not in by_shape and any(a.shape != b.shape for a, b in zip(req.values(), pad.values())):
             by_shape[key] = (req, pad)
-    renamed = {} if fronted else {original: served for served, original in run.renamed.items()}
+    renamed = {} if fronted else {original: served for served, original in run.measurer.renamed.items()}
     pairs = [({renamed.get(k, k): v for k, v in a.items()}, {renamed.get(k, k): v for k, v in b.items()}) for a, b in by_shape.values()]
     if not pairs:
         return ""
-    client = open_client(run.request.protocol, run.bench.url, run.bench.timeout_s)
-    try:
-        gate = accuracy_gate_of(run.result)
-        return answers_agree(client, name, served_config(client, name), pairs, tolerances_from_json(run.result.tolerances),
-                             gate.cosine if gate is not None else None)
-    finally:
-        client.close()
+    result = run.measurer.result
+    gate = accuracy_gate_of(result)
+    return run.bench.padded_answers(name, pairs, tolerances_from_json(result.tolerances), gate.cosine if gate is not None else None)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from optimizer.records.measurements import MaxBatchDecision
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedVariant
-from optimizer.triton.served_search.objective import ladder
+from optimizer.triton.measure.served_search.objective import ladder
 
 THROUGHPUT_NOISE = 0.03
 """perf_analyzer's spread between windows on a shared CPU machine: a variant must serve this much more to count as better."""

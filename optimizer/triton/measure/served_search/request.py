@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from optimizer.triton.served_search.objective import Objective
+from optimizer.triton.measure.served_search.objective import Objective
 
 LOCAL_PROTOCOL = "grpc"
 """How the bundled server is measured: gRPC, Model Analyzer's default client protocol. perf_analyzer 2.51 over HTTP at

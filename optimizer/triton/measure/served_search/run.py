@@ -1,118 +1,59 @@
-"""One served search's run: the order of its stages, loading and measuring variants a group at a time, the best so far.
+"""The served search's stage policy: which variants to measure, in what order, and which one is best so far.
 
 The stages (points.py says which points): the rules' start, the coarse pass, the refinement of the best two (then, with
 time left, of the others that could still win), a close call settled by interleaved re-measurement (A B B A), and the
-published variant at one request at a time (the anchor of validate's prediction), measured while the settling still has
-it loaded. The budget is a bound: a group that would not finish in it is not started. A group's unloading overlaps the
-next group's loading (VariantLoader.unload), never a measurement.
-
-Over 400 lines because every stage reads and updates one state (what was measured, the best, the time left, the
-private names), which the tests drive through this module against a made-up server.
+published variant at one request at a time (the anchor of validate's prediction). Time is the clock's (clock.py);
+loading and measuring a variant is the measurer's (measurer.py).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from itertools import zip_longest
-from typing import Callable
 
-from optimizer.errors import ConfigRuleError, PublishError, TemplateError, ValidationError
 from optimizer.events import Event, EventSink
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, ServedVariant
-from optimizer.records.tune_result import TuneResult
-from optimizer.task.load_watch import LoadWatch, wait_for_quiet
-from optimizer.triton.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
-from optimizer.triton.model_config import canonical, config_signature, parse
-from optimizer.triton.publish import PublishOptions, prepare_config
-from optimizer.triton.served_search.answers import wrong_answers
-from optimizer.triton.served_search.loader import VariantLoader, private_name, server_gone
-from optimizer.triton.served_search.measure import WARMUP_PER_SLOT, Bench, mean_level, measure_level, settle_level, sweep, warm_up
-from optimizer.triton.served_search.objective import OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW, robust_ratios, worst_so_far
-from optimizer.triton.served_search.points import (LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, delay_tried,
-                                                   fill_delay_us, fill_level, latency_at, padded_later, refinements, seed_concurrency)
-from optimizer.triton.served_search.request import SearchRequest
-from optimizer.triton.served_search.servers import locally
+from optimizer.triton.measure.served_search.clock import BudgetClock, OutOfTime
+from optimizer.triton.measure.served_search.measure import Bench, mean_level, settle_level
+from optimizer.triton.measure.served_search.measurer import DISTURBED, LOAD_GROUP, SETTLE_ROUNDS, ServerGone, VariantMeasurer
+from optimizer.triton.measure.served_search.objective import OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW, Objective, robust_ratios, worst_so_far
+from optimizer.triton.measure.served_search.points import (LATENCY_GAIN, THROUGHPUT_NOISE, SearchSpace, better, close, coarse_grid, delay_tried,
+                                                           fill_delay_us, fill_level, latency_at, padded_later, refinements, seed_concurrency)
 
-LOAD_GROUP = 4
-"""Variants loaded at once before they are measured one after another: loads overlap each other (4 stand-in loads took
-5.5 s together against 2.2 s each here), never a measurement."""
-SETTLE_ROUNDS = 2
-"""A close call is measured A B B A: drift between rounds hits both, and each config is measured twice."""
+__all__ = ["SearchRun", "OutOfTime", "ServerGone", "LOAD_GROUP"]
+
 REFINE_ROUNDS = 3
-"""Refinement rounds at most: a round refines the best two, which a round can replace (on the bundled CNN a queue delay
-that filled the batch made max 4 the runner-up, and its own neighbours were then unmeasured)."""
-DISTURBED = 0.3
-"""Cores of other processes' load, above what the probe saw as the search began, that mark a measurement disturbed: it
-is taken again once the load falls back (QUIET_WAIT_S at most), DISTURBED_RETRIES times at most, and the least disturbed
-one counts. Why: under 2 s on / 3 s off bursts the bundled transformer's search published variants the bursts had missed
-(0.77-0.82x of the quiet choice, benchmarks/noisy_choice.py). A steady load the probe saw is the baseline, not a
-disturbance (the search then runs beside it, search.BESIDE_LOAD); a quiet machine's own noise stays under 0.1 core. A
-load that does not fall back within QUIET_WAIT_S has become the machine's: it is the baseline from then on, since
-measuring again beside it would give the same figures."""
-STABLE_WINDOWS = 3  # perf_analyzer reports the mean of its last three stable windows (measure.measure_level)
-EXIT_S = 0.25  # perf_analyzer's report and exit after its last window
-DISTURBED_RETRIES = 2
-QUIET_WAIT_S = 3.0
-REMEASURE_SHARE = 0.25
-"""Of the budget, the most that waiting and measuring again may take: past it a disturbed measurement stands, so a
-machine busy on and off still gets its variants measured. That time is added to the budget (the search takes up to
-1.25x it on a busy machine), so that the repeats themselves do not cut the search short: under 2 s on / 3 s off bursts
-the bundled CNN's searches spent their budget before the refinement found the queue delay the quiet search had
-published, and served 0.67x of it (benchmarks/noisy_choice.py). The bursts still slow every variant they reach, so a
-busy search measures fewer variants than a quiet one (10-12 against 15 for the CNN after this)."""
+"""Refinement rounds at most: a round refines the best two, which a round can replace (a queue delay that fills the batch
+can make a new runner-up whose own neighbours are then unmeasured)."""
 BURST_SLOWDOWN = 4.0
-"""The most another process's load is taken to slow a served variant; a disturbed level below the best undisturbed one
-at its load by more is not measured again (SearchRun._out_of_reach). Measured beside one spinning core on two: the
-CNN's served variants ran at 0.6-0.9x of their idle figures, and a transformer's 1 instance x 2 threads at 0.56-0.78x
-of 2 x 1 (README, "Beside another job"); 4x leaves a margin. Why: under bursts the CNN's searches spent the time for
-repeats on max 16 and 32 at concurrency 4 (110-250/s beside a best of 1200/s there), and a refinement that mattered
-(max 4 with a queue delay, 1.5x the rest at that load on the quiet machine) then stood at its disturbed figure, lost,
-and the published config served 0.70x of the quiet choice (benchmarks/noisy_choice.py; with this rule the CNN still
-gave 0.76x under bursts, for the refinement's order: SearchRun._to_refine, SUSPECT)."""
+"""The most another process's load is taken to slow a served variant: a disturbed level below the best undisturbed one at
+its load by more is not measured again (_out_of_reach), so the time for repeats goes to levels that can change the choice."""
 FILL_LIFT = 2.0
 REFINE_LIFT = 1.5
-"""The most a refinement is taken to lift a variant, with the time left (SearchRun._time_left): a fill delay lifted
-the bundled transformer's max 4 on 2 x 1 thread 1.96x at concurrency 4 (498/s -> 978/s); the rules' delay, a preferred
-size or a max between two measured ones moved a variant by 1.08x at most in this machine's CNN and transformer searches,
-so REFINE_LIFT leaves a margin."""
+"""The most a refinement is taken to lift a variant (_time_left): a fill delay can about double a variant at a light load;
+the rules' delay, a preferred size or a max between two measured ones move it far less."""
 SUSPECT = DISTURBED / 2
 """Others' load above the baseline that makes a level a lower bound for the order of the refinement (not for repeats or
-the published choice, which keep DISTURBED): a burst gets only its share of cores the server and perf_analyzer already
-fill, so near saturation it reads low. Under bursts the bundled CNN's max 4 read 817/s at concurrency 64 (1522/s quiet)
-with 0.28 cores of others' load, ranked low on it, and max 2 was published at 0.78x of the quiet choice."""
-UNKNOWN_PLATFORM = "unexpected platform type"
-"""Triton's words for a platform its core does not know (2.51 and torch_aoti)."""
+the published choice, which keep DISTURBED): near saturation a burst gets only its share of the cores, so it reads low."""
 
 
 class SearchRun:
-    """One search's state: what was measured, the best so far, the time left, the next private name."""
+    """What was measured, the best so far, and the order of the stages."""
 
-    def __init__(self, result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, loader: VariantLoader,
-                 bench: Bench, check_alive: Callable[[], None], deadline: float, on_event: EventSink, baseline: float | None = None) -> None:
-        self.result, self.options, self.request, self.search = result, options, request, search
-        self.loader, self.bench, self.check_alive, self.deadline, self.on_event = loader, bench, check_alive, deadline, on_event
-        self.objective = request.objective
-        self.renamed = config_signature(result.selected_candidate.artifact)[1]
-        self.fronted = needs_front(self.renamed, options.io_names)  # measured through the ensemble clients will call
+    def __init__(self, search: ServedSearch, objective: Objective, percentile: int, latency_budget_ms: float | None, clock: BudgetClock,
+                 measurer: VariantMeasurer, on_event: EventSink, label: str = "") -> None:
+        self.search, self.objective, self.percentile, self.budget_ms = search, objective, percentile, latency_budget_ms
+        self.clock, self.measurer, self.on_event, self.label = clock, measurer, on_event, label
         self.seen: dict[OperatingPoint, ServedVariant] = {}
         self.best: ServedVariant | None = None
-        self.costs: list[float] = []  # seconds per variant measured after the start (the start loads alone, so costs more)
-        self.start_cost = 0.0
-        self.count = 0
-        self.runtime: str | None = None  # the first loaded variant's config `runtime` ("model.py": a Python-based backend)
-        self.translate = request.url is None  # the bundled 2.51 core needs torch_aoti translated; a user's server decides by loading
-        self.gone = ""  # why the server stopped answering, when it did
-        self.robust: dict[OperatingPoint, tuple[float, int]] = {}  # no load given: each point's worst ratio to the best, and where
-        self.explore_deadline = deadline  # the coarse pass and the refinement stop here, leaving the settling its time
-        self.baseline = baseline  # others' load (cores) the probe saw as the search began; None: not watched (the user's server)
-        self.retried_s = 0.0  # waiting for others' load to fall and measuring again (_level)
-        self.parked: dict[OperatingPoint, str] = {}  # settled variants still loaded, by point (_remeasure)
-        self.results: dict[str, TuneResult] = {"": result}  # by OperatingPoint.candidate: another kind's candidate ("" the selected)
+        self.robust: dict[OperatingPoint, tuple[float, int]] = {}  # robust objectives: each point's worst score, and where
         self.spaces: dict[str, SearchSpace] = {}  # another candidate's own search space (the selected's is explore's)
-        self.checked: set[str] = set()  # the candidates whose answers the server was checked on
-        self.candidate_of: dict[str, str] = {}  # private name -> the candidate its variant serves
-        self.on_start: Callable[[str], None] | None = None  # called with the start variant's name while it is loaded
+        self.gone = ""  # why the server stopped answering, when it did
+        measurer.out_of_reach = self._out_of_reach
+
+    @property
+    def bench(self) -> Bench:
+        return self.measurer.bench
 
     # -- the order ---------------------------------------------------------------------------------------------------
     def explore(self, space: SearchSpace) -> str:
@@ -124,16 +65,14 @@ class SearchRun:
         grid then served max 8 better at concurrency 16. When nothing was close enough to settle, the time kept for it
         goes back to the refinement (on the CNN the reserve had ended the exploration at 61 s of 90, then went unused)."""
         every = "every variant of the coarse pass and the refinement was measured"
-        out_of_time = f"the time budget ({self.request.budget_s:.0f} s, --serve-search-seconds) ran out"
+        out_of_time = f"the time budget ({self.clock.budget_s:.0f} s, --serve-search-seconds) ran out"
         stopped = every
         try:
             try:
-                self.explore_deadline = self.deadline - self._settle_reserve()
-                self._explore(space)
+                with self.clock.keeping(self._settle_reserve()):
+                    self._explore(space)
             except OutOfTime:
                 stopped = out_of_time
-            finally:
-                self.explore_deadline = self.deadline
             try:
                 if stopped == out_of_time:
                     self._likeliest_gain(space)
@@ -208,11 +147,11 @@ class SearchRun:
         refinement (_to_refine)."""
         curves, skip = {}, {}
         for v in self.ranked():
-            aside = {lv.concurrency for lv in v.curve if self._disturbed(lv, SUSPECT)}
+            aside = {lv.concurrency for lv in v.curve if self.measurer.disturbed(lv, SUSPECT)}
             if self._pending_fill(v, space) is not None and (light := fill_level(v)) is not None:
                 aside.add(light.concurrency)
             curves[id(v)], skip[id(v)] = [lv for lv in v.curve if lv.concurrency not in aside], aside
-        return robust_ratios({k: c for k, c in curves.items() if c}, self.request.percentile, skip=skip)
+        return robust_ratios({k: c for k, c in curves.items() if c}, self.percentile, skip=skip)
 
     def _time_left(self, space: SearchSpace) -> list[OperatingPoint]:
         """With time left after the best two, the refinements of every other variant that could still win, best first:
@@ -263,13 +202,7 @@ class SearchRun:
         return self._settle_cost(3 if self.objective.robust else 1)
 
     def _settle_cost(self, loads: int) -> float:
-        """Seconds a settling takes: both variants, every round, at each of `loads` loads (the ladder with the search's
-        window, a target load with twice it), and one load."""
-        if self.objective.robust:
-            per_level = max(1.5, 3 * self.bench.window_ms / 1000.0)
-        else:
-            per_level = max(2.0, 3 * 2 * self.bench.window_ms / 1000.0)
-        return 2 * SETTLE_ROUNDS * loads * per_level + self._variant_cost()
+        return self.clock.settle_cost(loads, self.objective.robust, self.bench.window_ms)
 
     def ranked(self) -> list[ServedVariant]:
         """Measured variants, best first by the objective (each point's latest measurement)."""
@@ -278,7 +211,7 @@ class SearchRun:
             return self._robust(pool)
         ranked: list[ServedVariant] = []
         for v in pool:
-            i = next((k for k, r in enumerate(ranked) if better(v, r, self.request.latency_budget_ms, self.request.percentile)), len(ranked))
+            i = next((k for k, r in enumerate(ranked) if better(v, r, self.budget_ms, self.percentile)), len(ranked))
             ranked.insert(i, v)
         return ranked
 
@@ -287,7 +220,7 @@ class SearchRun:
         the leader's go to the one that sustains more (its peak)."""
         if not pool:
             return []
-        ratios = robust_ratios({id(v): v.curve for v in pool}, self.request.percentile)
+        ratios = robust_ratios({id(v): v.curve for v in pool}, self.percentile)
         self.robust = {v.point: ratios[id(v)] for v in pool}
         top = max(r for r, _ in ratios.values())
         lead = [v for v in pool if ratios[id(v)][0] >= top - THROUGHPUT_NOISE]
@@ -298,7 +231,7 @@ class SearchRun:
     def _stop_climbing(self, curve: list[LoadLevel]) -> str:
         """Why a variant's sweep ends before the objective is done with it ("" to go on): the time budget ran out (one
         transformer variant's four loads once took 80 s of a 90 s budget), or it is out of the running."""
-        if time.monotonic() >= self.explore_deadline:
+        if self.clock.passed(explore=True):
             return f"stopped climbing at concurrency {curve[-1].concurrency}: the time budget ran out"
         return self._out_of_running(curve) if self.objective.robust else ""
 
@@ -307,7 +240,7 @@ class SearchRun:
         measured is already below half and OUT_OF_RUNNING below the leader's, and more loads can only lower it."""
         if self.best is None or self.best.point not in self.robust:
             return ""
-        worst, at = worst_so_far(curve, [v.curve for v in self.seen.values() if v.status == "measured"], self.request.percentile)
+        worst, at = worst_so_far(curve, [v.curve for v in self.seen.values() if v.status == "measured"], self.percentile)
         lead = self.robust[self.best.point][0]
         if worst >= min(lead - OUT_OF_RUNNING, OUT_OF_RUNNING_BELOW):
             return ""
@@ -320,212 +253,59 @@ class SearchRun:
         out: list[ServedVariant] = []
         points = list(dict.fromkeys(points))
         while points:
-            fits = self._fits(len(points[:LOAD_GROUP]))
+            fits = self.clock.fits(len(points[:LOAD_GROUP]))
             if fits == 0:
                 raise OutOfTime()
             group, points = points[:fits], points[fits:]
-            out += self._measure_group(group, stage)
+            out += self.measurer.measure_group(group, stage, self._seed, self._stop_climbing, self._record)
         return out
 
     def measure_apart(self, points: list[OperatingPoint], bench: Bench, mark: str) -> list[ServedVariant]:
         """Measure points under another request mix (`bench`, e.g. the padded traffic), marked `mark` and kept out of the
         ranking: the search's own best and its curves stay those of the traffic as it comes."""
-        kept = (self.bench, dict(self.seen), self.best, dict(self.robust))
-        self.bench = replace(bench, window_ms=self.bench.window_ms)
-        out: list[ServedVariant] = []
+        kept = (self.measurer.bench, dict(self.seen), self.best, dict(self.robust))
+        self.measurer.bench = replace(bench, window_ms=self.bench.window_ms)
         try:
-            out = self.measure(points, mark)
+            self.measure(points, mark)
         except OutOfTime:
             pass
         finally:
-            self.bench, self.seen, self.best, self.robust = kept
+            self.measurer.bench, self.seen, self.best, self.robust = kept
             for v in self.search.variants:
                 if v.stage == mark:
                     v.traffic = mark
         return [v for v in self.search.variants if v.stage == mark]
 
-    def _fits(self, wanted: int) -> int:
-        """How many more variants fit in the budget at the slowest cost so far (the budget is a bound, not a target)."""
-        cost = self._variant_cost()
-        if not cost:
-            return wanted
-        left = self.explore_deadline - time.monotonic()
-        return max(0, min(wanted, int(left // cost)))
-
-    def _variant_cost(self) -> float:
-        """The slowest variant measured after the start (whose lone load took 15 s against 9 s for a loaded group's
-        share on the CNN here), else the start's."""
-        return max(self.costs) if self.costs else self.start_cost
-
-    def _measure_group(self, group: list[OperatingPoint], stage: str) -> list[ServedVariant]:
-        t0 = time.monotonic()
-        variants = {self._next_name(p.candidate): ServedVariant(p, stage) for p in group}
-        configs = {}
-        for name, v in variants.items():
-            try:
-                configs[name] = self._config(v.point)
-            except (ConfigRuleError, TemplateError, PublishError) as err:
-                v.status, v.reason = "failed", f"the config is refused: {err}"
-        errors = self._load(configs)
-        if stage == "start" and not self.translate and any(UNKNOWN_PLATFORM in e for e in errors.values()):
-            self.translate = True  # the user's server predates torch_aoti: serve it as the bundled server does, through pytorch
-            self._unload(list(variants))
-            configs = {n: self._config(variants[n].point) for n in configs}
-            errors = self._load(configs)
-        if configs and len(errors) == len(configs) and all(server_gone(e) for e in errors.values()):
-            self._unload(list(variants))
-            raise ServerGone(f"every load of a group failed ({next(iter(errors.values()))}): the server at {self.loader.url} stopped answering")
-        load_share = (time.monotonic() - t0) / max(1, len(configs))
-        if self.runtime is None and any(n not in errors for n in configs):
-            self.runtime = self.loader.runtime(next(n for n in configs if n not in errors))
-        try:
-            for name, v in variants.items():
-                v.seconds, retried = round(load_share, 2), self.retried_s
-                if name in errors:
-                    v.status, v.reason = "failed", f"Triton could not load it: {errors[name]}"
-                elif v.status == "measured" and v.point.candidate not in self.checked and (wrong := self._wrong_answers(name)):
-                    v.status, v.reason = "failed", f"its answers are wrong: {wrong}"
-                elif v.status == "measured":
-                    self.checked.add(v.point.candidate)
-                    if stage == "start" and self.on_start is not None:
-                        self.on_start(name)
-                    self._sweep(name, v)
-                self._record(v, self.retried_s - retried)
-        finally:
-            self._unload(list(variants), wait=False)
-        return list(variants.values())
-
-    def _load(self, configs: dict[str, str]) -> dict[str, str]:
-        """Load variants by their measured names: the model itself, or its positional model and then the ensemble in front;
-        each from the files of the candidate it serves."""
-        errors: dict[str, str] = {}
-        for candidate in dict.fromkeys(self.candidate_of.get(n, "") for n in configs):
-            group = {n: t for n, t in configs.items() if self.candidate_of.get(n, "") == candidate}
-            errors.update(self._load_from(group, candidate))
-        return errors
-
-    def _load_from(self, configs: dict[str, str], candidate: str) -> dict[str, str]:
-        if not configs:
-            return {}
-        source = {"candidate": candidate} if candidate else {}
-        if not self.fronted:
-            return self.loader.load(configs, **source)
-        errors = self.loader.load({inner_name(n): text for n, text in configs.items()}, **source)
-        fronts = {n: canonical(front_config(parse(text), n, inner_name(n), self.renamed)) for n, text in configs.items() if inner_name(n) not in errors}
-        errors = {n: errors[inner_name(n)] for n in configs if inner_name(n) in errors}
-        errors.update(self.loader.load(fronts, files={f"1/{VERSION_MARKER}": VERSION_MARKER_TEXT}) if fronts else {})
-        return errors
-
-    def _unload(self, names: list[str], wait: bool = True) -> None:
-        """Unload variants (an ensemble before the model it serves); `wait` False leaves waiting for the model to the next
-        load (VariantLoader.unload: the two overlap)."""
-        if self.fronted:
-            self.loader.unload(names)
-            names = [inner_name(n) for n in names]
-        self.loader.unload(names, wait=wait)
-
-    def _wrong_answers(self, name: str) -> str:
-        """Before any variant of a candidate counts: "" when the server answers the export's samples within its tolerances
-        (answers.py)."""
-        result = self.results[self.candidate_of.get(name, "")]
-        return wrong_answers(result, self.request.protocol, self.bench.url, self.bench.timeout_s, name, self.renamed, self.fronted)
-
-    def _sweep(self, name: str, v: ServedVariant) -> None:
-        from tritonclient.utils import InferenceServerException
-
-        seed = self.best.concurrency if self.best is not None and self.best.concurrency else seed_concurrency(v.point)
-        t0 = time.monotonic()
-        try:
-            first = self.objective.first_level(seed)
-            warm_up(self.bench, name, first, WARMUP_PER_SLOT * first)
-            v.seconds = round(v.seconds + time.monotonic() - t0, 2)
-            window = self.bench.window_ms
-            sweep(v, self.objective, seed, lambda c: self._level(name, c, window), explore_down=v.stage != "coarse",
-                  stop=self._stop_climbing)
-        except ValidationError as err:
-            v.status, v.reason = "failed", str(err)
-        except (InferenceServerException, OSError) as err:  # the server refused the warm-up, or closed the connection dying
-            from optimizer.triton.server import triton_message
-
-            v.status, v.reason = "failed", f"Triton stopped answering: {triton_message(err)}"
+    def _seed(self, point: OperatingPoint) -> int:
+        return self.best.concurrency if self.best is not None and self.best.concurrency else seed_concurrency(point)
 
     def _record(self, v: ServedVariant, retried_s: float = 0.0) -> None:
         """Keep a measured (or failed) variant, its cost for planning the rest (less any measuring again that others'
         load forced: a burst does not make the next variants dearer), and the best so far."""
         self.search.variants.append(v)
-        if v.stage == "start":
-            self.start_cost = v.seconds - retried_s
-        else:
-            self.costs.append(v.seconds - retried_s)
+        self.clock.record_cost(v.stage == "start", v.seconds - retried_s)
         if v.status == "measured" and self.objective.robust:
             self.seen[v.point] = v
             self.best = self.ranked()[0]
         elif v.status == "measured":
             top = max((x.throughput or 0.0) for x in self.seen.values()) if self.seen else None
             self.seen[v.point] = v
-            if self.best is None or better(v, self.best, self.request.latency_budget_ms, self.request.percentile, top):
+            if self.best is None or better(v, self.best, self.budget_ms, self.percentile, top):
                 self.best = v
         else:
             self.seen.setdefault(v.point, v)
-        mark = (f"{v.throughput:.1f}/s p{self.request.percentile} {latency_at(v, self.request.percentile):.1f} ms at concurrency {v.concurrency}"
+        mark = (f"{v.throughput:.1f}/s p{self.percentile} {latency_at(v, self.percentile):.1f} ms at concurrency {v.concurrency}"
                 if v.throughput is not None else f"{v.status}: {v.reason}")
-        self.on_event(Event("serve", "progress", self.result.selected or "", f"{v.stage}: {v.point.label}: {mark}"))
-        try:
-            self.check_alive()
-        except ValidationError as err:
-            raise ServerGone(f"the server stopped: {err}") from err
-
-    def _level(self, name: str, concurrency: int, window_ms: int) -> LoadLevel:
-        """One load measured while other processes' CPU is watched; taken again when their load rose during it (DISTURBED)
-        and the time left allows: the measurement least reached by it counts."""
-        if self.baseline is None:
-            return measure_level(self.bench, name, concurrency, window_ms)
-        kept: LoadLevel | None = None
-        for attempt in range(1 + DISTURBED_RETRIES):
-            t0 = time.monotonic()
-            with LoadWatch() as watch:
-                level = measure_level(self.bench, name, concurrency, window_ms)
-            # the figures are perf_analyzer's last STABLE_WINDOWS windows, ending as it exits: judge the load over those
-            level, took = replace(level, others_busy=watch.peak_within(STABLE_WINDOWS * window_ms / 1000.0 + EXIT_S)), time.monotonic() - t0
-            if attempt:
-                self._retook(took)
-            if kept is None or (level.others_busy or 0.0) < (kept.others_busy or 0.0):
-                kept = level
-            limit = self.baseline + DISTURBED
-            if (kept.others_busy or 0.0) <= limit or attempt == DISTURBED_RETRIES or self._out_of_reach(kept):
-                break
-            if (time.monotonic() + QUIET_WAIT_S + took > self.explore_deadline
-                    or self.retried_s + QUIET_WAIT_S + took > REMEASURE_SHARE * self.request.budget_s):
-                break
-            t1 = time.monotonic()
-            seen = wait_for_quiet(limit, QUIET_WAIT_S)
-            self._retook(time.monotonic() - t1)
-            if seen is not None and seen > limit:  # the load stayed: it is the machine's now, and the baseline
-                self.baseline = max(self.baseline, seen - DISTURBED / 2)
-                break
-            self.search.remeasured += 1
-        return kept
-
-    def _disturbed(self, level: LoadLevel, margin: float = DISTURBED) -> bool:
-        """Whether others' load reached `level` by more than `margin` cores above the baseline (it is a lower bound)."""
-        return self.baseline is not None and (level.others_busy or 0.0) > self.baseline + margin
+        self.on_event(Event("serve", "progress", self.label, f"{v.stage}: {v.point.label}: {mark}"))
 
     def _out_of_reach(self, level: LoadLevel) -> bool:
         """Whether a disturbed level stays below the most any variant served undisturbed at its load even if the load had
-        slowed it BURST_SLOWDOWN times: taking it again cannot change the choice, and the time for repeats
-        (REMEASURE_SHARE) goes to levels that can. Not with a latency budget: there a disturbed level's latency decides
-        whether the variant meets it."""
-        if self.objective.latency_budget_ms is not None or self.baseline is None:
+        slowed it BURST_SLOWDOWN times: taking it again cannot change the choice. Not with a latency budget: there a
+        disturbed level's latency decides whether the variant meets it."""
+        if self.budget_ms is not None or self.measurer.baseline is None:
             return False
-        clean = [lv.throughput for v in self.seen.values() for lv in v.curve if lv.concurrency == level.concurrency and not self._disturbed(lv)]
+        clean = [lv.throughput for v in self.seen.values() for lv in v.curve if lv.concurrency == level.concurrency and not self.measurer.disturbed(lv)]
         return bool(clean) and level.throughput * BURST_SLOWDOWN < max(clean) * (1 - THROUGHPUT_NOISE)
-
-    def _retook(self, seconds: float) -> None:
-        """Time spent waiting out others' load and measuring again: it moves the deadlines back (REMEASURE_SHARE)."""
-        self.retried_s += seconds
-        self.deadline += seconds
-        self.explore_deadline += seconds
-        self.search.retried_s = round(self.retried_s, 1)
 
     # -- a close call ----------------------------------------------------------------------------------------------------
     def settle(self) -> None:
@@ -538,12 +318,12 @@ class SearchRun:
             return
         a, b = ranked[0], ranked[1]
         level = settle_level(a, b, self.objective)
-        if time.monotonic() + self._settle_cost(1) > self.deadline:
+        if self.clock.passed(self._settle_cost(1)):
             raise OutOfTime()
-        if (measured := self._remeasure([a, b], [level], 2 * self.bench.window_ms)) is None:
+        if (measured := self.measurer.remeasure([a, b], [level], 2 * self.bench.window_ms)) is None:
             return
         names, levels = {"a": a, "b": b}, {"a": measured[0][level], "b": measured[1][level]}
-        pct = self.request.percentile
+        pct = self.percentile
         means = {n: mean_level(lv) for n, lv in levels.items()}
         (na, ma), (nb, mb) = means.items()
         ratio = ma.throughput / mb.throughput
@@ -554,27 +334,27 @@ class SearchRun:
             again = ServedVariant(v.point, "settle", curve=[means[n]],
                                   reason="mean of " + ", ".join(f"{lv.throughput:.1f}/s" for lv in levels[n]) + f" at concurrency {level}, interleaved")
             again.score_at(means[n])
-            again.meets_budget = None if self.request.latency_budget_ms is None else means[n].latency(pct) <= self.request.latency_budget_ms
+            again.meets_budget = None if self.budget_ms is None else means[n].latency(pct) <= self.budget_ms
             self.search.variants.append(again)
             if n == winner:
                 self.best = again
-        self._keep(self.best.point)
+        self.measurer.keep_only(self.best.point)
         self.search.settled = (f"{a.point.label} and {b.point.label} served within {100 * (1 - min(ratio, 1 / ratio)):.1f}% of each other, "
                                f"measured A B B A at concurrency {level}: {names[winner].point.label} kept")
 
     def _settle_ladder(self, ranked: list[ServedVariant]) -> None:
         """No load given and the two best within the noise of each other's worst ratio: measure both again, interleaved
         (A B B A), at every load of the ladder both measured, and rank again on the means (one short window a load
-        moved a single measurement by 15-25% here, enough to swap a max that pads for one that does not)."""
+        moves a single measurement enough to swap a max that pads for one that does not)."""
         if len(ranked) < 2:
             return
         a, b = ranked[0], ranked[1]
         if self.robust[b.point][0] < self.robust[a.point][0] - THROUGHPUT_NOISE:
             return
         loads = sorted({lv.concurrency for lv in a.curve} & {lv.concurrency for lv in b.curve})
-        if not loads or time.monotonic() + self._settle_cost(len(loads)) > self.deadline:
+        if not loads or self.clock.passed(self._settle_cost(len(loads))):
             raise OutOfTime()
-        if (measured := self._remeasure([a, b], loads, self.bench.window_ms)) is None:
+        if (measured := self.measurer.remeasure([a, b], loads, self.bench.window_ms)) is None:
             return
         names, levels = {"a": a, "b": b}, dict(zip(("a", "b"), measured))
         for n, v in names.items():
@@ -583,91 +363,27 @@ class SearchRun:
             again.score_at(self.objective.score(again.curve)[0])
             self.search.variants.append(again)
             self.seen[v.point] = again
-        # the winner is one of the two: a third measured once would otherwise win by the luck the settling took out of
-        # these two (the bundled CNN published its start, 0.88x at its worst load, after its two best were measured again)
+        # the winner is one of the two: a third measured once would otherwise win by the luck the settling took out of these two
         self.best = next(v for v in self.ranked() if v.point in (a.point, b.point))
-        self._keep(self.best.point)
+        self.measurer.keep_only(self.best.point)
         worst = {v.point: self.robust[v.point][0] for v in names.values()}
         self.search.settled = (f"{a.point.label} (worst {worst[a.point]:.2f}x the best) and {b.point.label} (worst {worst[b.point]:.2f}x) "
                                f"measured again A B B A at concurrency {', '.join(map(str, loads))}: {self.best.point.label} kept")
 
-    def _remeasure(self, pair: list[ServedVariant], loads: list[int], window_ms: int) -> list[dict[int, list[LoadLevel]]] | None:
-        """Load two variants side by side under new names and measure each SETTLE_ROUNDS times at every load, in A B B A
-        order; per variant, its measurements per load. None when either does not load or a measurement fails. Both stay
-        loaded (`parked`) for the published one's lone request (base); the other goes when the choice is made (_keep)."""
-        names = [self._next_name(v.point.candidate) for v in pair]
-        if self._load({n: self._config(v.point) for n, v in zip(names, pair)}):
-            self._unload(names)
-            return None
-        levels: dict[str, dict[int, list[LoadLevel]]] = {n: {c: [] for c in loads} for n in names}
-        try:
-            for n in names:
-                warm_up(self.bench, n, loads[-1], WARMUP_PER_SLOT * loads[-1])
-            for r in range(SETTLE_ROUNDS):
-                for n in (names if r % 2 == 0 else names[::-1]):
-                    for c in loads:
-                        levels[n][c].append(self._level(n, c, window_ms))
-        except ValidationError:
-            self._unload(names, wait=False)
-            return None
-        self.parked = {v.point: n for n, v in zip(names, pair)}
-        return [levels[n] for n in names]
-
-    def _keep(self, point: OperatingPoint | None) -> None:
-        """Unload the parked variants but the one at `point` (None: all of them, without waiting: nothing is measured
-        after); the one kept is measured next (base), so the others are waited for."""
-        gone = [n for p, n in self.parked.items() if p != point]
-        self.parked = {p: n for p, n in self.parked.items() if p == point}
-        self._unload(gone, wait=point is not None)
-
-    def base(self) -> None:
-        """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the anchor
-        of validate's prediction for loads below the ones the search measured (prediction.py). A settled choice is still
-        loaded (parked): measured there, without a load of its own (1.5 s of the CNN's 4.7 s base)."""
+    def measure_lone_request(self) -> None:
+        """The published variant at one request at a time, when its sweep did not reach it and the budget allows: the
+        anchor of validate's prediction below the loads the search measured (prediction.py). A settled choice is still
+        loaded (parked): measured there, without a load of its own."""
         best = self.best
+        one = None
         try:
-            if best is None or best.level(1) is not None:
-                return
-            name = self.parked.get(best.point)
-            cost = self._level_cost() if name else self._variant_cost()
-            if not cost or time.monotonic() + cost > self.deadline:
-                return
-            if name is None:
-                name = self._next_name(best.point.candidate)
-                self.parked[best.point] = name
-                if self._load({name: self._config(best.point)}):
-                    return
-            try:
-                warm_up(self.bench, name, 1, WARMUP_PER_SLOT)
-                one = self._level(name, 1, self.bench.window_ms)
-            except ValidationError:
-                return
+            cost = self.clock.variant_cost()
+            if best is not None and best.level(1) is None and cost:
+                one = self.measurer.lone_request(best.point, cost)
         finally:
-            self._keep(None)
+            self.measurer.keep_only(None)
+        if best is None or one is None:
+            return
         base = ServedVariant(best.point, "base", curve=[one], reason="one request at a time: the anchor of validate's prediction below the loads the sweep measured")
         base.score_at(one)
         self.search.variants.append(base)
-
-    def _level_cost(self) -> float:
-        """Seconds one level of a loaded variant takes at the search's window: three stable windows, perf_analyzer's exit,
-        and a second for its start and the warm-up."""
-        return STABLE_WINDOWS * self.bench.window_ms / 1000.0 + EXIT_S + 1.0
-
-    # -- helpers -------------------------------------------------------------------------------------------------------------
-    def _config(self, point: OperatingPoint) -> str:
-        text, _, _ = prepare_config(self.results[point.candidate], replace(self.options, operating_point=replace(point, candidate="")))
-        return locally(text) if self.translate else text
-
-    def _next_name(self, candidate: str = "") -> str:
-        self.count += 1
-        name = private_name(self.options.name, self.count)
-        self.candidate_of[name] = candidate
-        return name
-
-
-class OutOfTime(Exception):
-    """The next variant would not finish within --serve-search-seconds."""
-
-
-class ServerGone(ValidationError):
-    """The server died while a variant was measured."""

@@ -13,32 +13,31 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
 from optimizer.errors import ServerError, ValidationError
 from optimizer.events import Event, EventSink, ignore
-from optimizer.machine import cpu_cores
 from optimizer.model.samples import load_feeds
 from optimizer.model.signature import Signature
 from optimizer.model.traffic import Traffic
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton.front import needs_front
-from optimizer.triton.local_serving import needs_translation, translation_note
-from optimizer.triton.model_config import batching_plan, config_signature, operating_point_of, parse
-from optimizer.triton.publish import PublishOptions, prepare_config
-from optimizer.triton.served_search.cache import ServedSearchCache, search_key
-from optimizer.triton.served_search.kinds import enter_other_kind, other_kind, other_kind_candidates, why_no_other_kind
-from optimizer.triton.served_search.loader import VariantLoader
-from optimizer.triton.served_search.measure import Bench, request_mix
-from optimizer.triton.served_search.padding import PADDING_SHARE, PaddingTrial, padded_answers, padding_trial
-from optimizer.triton.served_search.points import HELD_LAYOUT, SearchSpace, latency_at
-from optimizer.triton.served_search.request import SearchRequest
-from optimizer.triton.served_search.run import SearchRun
-from optimizer.triton.served_search.servers import STAND_IN_LABEL, local_server, remote_server
-from optimizer.triton.server import ToolMissing, find_triton, homes_root, prepare_home
+from optimizer.triton.config.front import needs_front
+from optimizer.triton.runtime.local_serving import needs_translation, translation_note
+from optimizer.triton.config.model_config import batching_plan, config_signature, operating_point_of, parse
+from optimizer.triton.repository.publish import PublishOptions, prepare_config
+from optimizer.triton.measure.served_search.cache import ServedSearchCache, search_key
+from optimizer.triton.measure.served_search.kinds import enter_other_kind, other_kind, other_kind_candidates, why_no_other_kind
+from optimizer.triton.measure.served_search.clock import BudgetClock
+from optimizer.triton.measure.served_search.measure import request_mix
+from optimizer.triton.measure.served_search.measurer import VariantMeasurer
+from optimizer.triton.measure.served_search.padding import PADDING_SHARE, PaddingTrial, padded_answers, padding_trial
+from optimizer.triton.measure.served_search.points import HELD_LAYOUT, SearchSpace, latency_at
+from optimizer.triton.measure.served_search.request import SearchRequest
+from optimizer.triton.measure.served_search.run import SearchRun
+from optimizer.triton.measure.served_search.servers import STAND_IN_LABEL, Rig
+from optimizer.triton.runtime.server import ToolMissing, find_triton, homes_root, prepare_home
 from optimizer.vocab import Device
 
 log = logging.getLogger(__name__)
@@ -48,23 +47,22 @@ BESIDE_LOAD = ("other processes kept {busy:.1f} of {cores} cores busy as the ser
                "idle machine's, the instance layout is the rules' (not compared beside the load) and the batcher's choice can differ "
                "from a quiet export's (export on a quiet machine, or give --wait-for-cores)")
 """Why the served search is not pinned to the free cores as in-process measurement is: a server pinned there can only
-measure layouts for fewer cores, and what it published (one instance, one thread on the bundled CNN) served 0.62 of the quiet
-export's choice on the idle machine (benchmarks/noisy_choice.py). Beside one spinning core, the CNN's quick served grid
-on both cores still ranked its three best configs 1 instance x 2 threads, as on the idle machine, at 0.6-0.7 of their idle
-throughput. After the change the CNN's busy exports all published the quiet layout (worst busy run 0.87x of the quiet
-choice), but half the bundled transformer's published 2 instances x 1 thread (worst 0.43x): the load does not meet every
-layout alike, so the layout is now held at the rules' (points.HELD_LAYOUT)."""
+measure layouts for fewer cores, and its choice would be for a machine the model is not deployed on. The other load does
+not meet every instance layout alike, so beside it the layout is held at the rules' (points.HELD_LAYOUT); the record of
+what this cost is benchmarks/noisy_choice.py's."""
 
-__all__ = ["SearchRequest", "served_search", "request_mix", "STAND_IN_LABEL"]
+__all__ = ["SearchRequest", "served_search", "request_mix", "Rig", "STAND_IN_LABEL"]
 
 
-def served_search(result: TuneResult, options: PublishOptions, request: SearchRequest, on_event: EventSink = ignore) -> ServedSearch:
+def served_search(result: TuneResult, options: PublishOptions, request: SearchRequest, on_event: EventSink = ignore,
+                  rig: Rig | None = None) -> ServedSearch:
     """Search the served operating point of `result`'s selected artifact; never raises for a model the bundled server
     cannot serve. On the user's server (--url) a failure that is the server's (gone, refusing the search) raises
     ServerError: nothing is published from half a search there.
 
     Returns a ServedSearch with status "searched" (chosen = the best variant measured) or "skipped" (reason; chosen
     = the rules' point, which publishing then keeps; `refused` when the user's server would not load the artifact).
+    `rig` says where the variants run and what measures them (servers.Rig: the bundled server or --url).
     """
     t0 = time.monotonic()
     artifact = result.selected_candidate.artifact
@@ -81,7 +79,7 @@ def served_search(result: TuneResult, options: PublishOptions, request: SearchRe
         on_event(Event("serve", "done", result.selected or "", f"{_summary(cached)}; reused from the search measured {cached.cached_from}"))
         return cached
     try:
-        _search(result, options, request, search, on_event)
+        _search(result, options, request, search, on_event, rig or Rig())
     except ServerError:
         raise
     except (ToolMissing, ValidationError) as err:
@@ -121,78 +119,73 @@ def _cache_for(result: TuneResult, options: PublishOptions, request: SearchReque
     return ServedSearchCache(request.cache_dir), key
 
 
-def _search(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, on_event: EventSink) -> None:
-    from optimizer.triton.perf_analyzer import find_perf_analyzer
-
+def _search(result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, on_event: EventSink, rig: Rig) -> None:
     artifact = result.selected_candidate.artifact
     assert artifact is not None and artifact.platform is not None and search.start is not None
     text, extra, _ = prepare_config(result, options)
-    with ExitStack() as stack:
-        where = (remote_server(result, request, search, extra) if request.url else
-                 stack.enter_context(local_server(result, options, request, search, text, extra, on_event)))
+    with rig.server(result, options, request, search, text, extra, on_event) as where:
         if where is None:  # the local server cannot serve this artifact: search.reason says why
             return
-        find_perf_analyzer()
         if needs_translation(parse(text)):
             search.served_by += f"; {translation_note(parse(text))}"
         fronted = needs_front(config_signature(artifact)[1], options.io_names)
         if fronted:
             search.served_by += "; measured through the ensemble that keeps the forward() names in front of it, as published"
         input_data, search.request_mix, rows = request_mix(result, request.workdir, public_names=fronted)
+        bench = rig.bench(where, input_data, rows, request)
         gpu = Device.of(artifact.device).is_cuda
         decision = result.selected_candidate.decision
         share, first = where.share, search.start
-        if share is not None and share.reduced:  # the server runs on every core beside the other load, as deployed: see beside_load
+        beside = share is not None and share.reduced
+        if beside:  # the server runs on every core beside the other load, as deployed: see BESIDE_LOAD
             search.measured_on = share.to_json()
             first = _as_measured(search.start, decision)
             on_event(Event("serve", "progress", result.selected or "", BESIDE_LOAD.format(busy=share.others_busy, cores=len(share.available))))
-        beside = share is not None and share.reduced
         # the rules' delay at the in-process peak: SearchSpace.of keeps it for a start that cannot carry one (max 1)
         rules_delay = (batching_plan(decision, decision.peak, request.latency_budget_ms, request.percentile).max_queue_delay_microseconds
                        if decision is not None and (decision.peak or 0) > 1 else None)
-        space = SearchSpace.of(decision, first, cpu_cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside,
+        space = SearchSpace.of(decision, first, rig.cores(), gpu, request.concurrency or 0, request.user_max, beside_load=beside,
                                rules_delay_us=rules_delay, pads=artifact.platform.pads_batch, loads=tuple(request.objective.loads))
         if space.layout is not None:
             search.held_layout = HELD_LAYOUT
         sig = Signature.from_json(result.signature)
         traffic = run_traffic(result)
         padding = traffic is not None and sig.batching and sig.is_dynamic and len(traffic.histogram(sig)) > 1
-        deadline = time.monotonic() + request.budget_s
-        with VariantLoader(where.url, protocol=request.protocol, place=where.place, files=where.files, check_alive=where.check_alive) as loader:
-            bench = Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol)
-            run = SearchRun(result, options, request, search, loader, bench, where.check_alive, deadline, on_event,
-                            baseline=share.others_busy if share is not None else None)
+        clock = BudgetClock.starting_now(request.budget_s, bench.now)
+        with rig.loader(where, request) as loader:
+            measurer = VariantMeasurer(result, options, request.objective, loader, bench, where.check_alive, clock,
+                                       baseline=share.others_busy if share is not None else None, translate=request.url is None)
+            run = SearchRun(search, request.objective, request.percentile, request.latency_budget_ms, clock, measurer, on_event, result.selected or "")
             trial = PaddingTrial([f"{n}[{i + 1}]" for n, i in Traffic.axes_of(sig)], traffic.bucket_edges(sig)) if padding else None
             if trial is not None:  # while the start is loaded: do padded requests get the same answers?
-                run.on_start = lambda name: setattr(trial, "answers", padded_answers(run, name, traffic, sig, trial.edges, fronted))
+                measurer.on_start = lambda name: setattr(trial, "answers", padded_answers(run, name, traffic, sig, trial.edges, fronted))
             best = run.measure([first], "start")[0]
             if best.status != "measured":
                 search.refused = request.url is not None and best.reason.startswith(("Triton could not load it", "its answers are wrong"))
                 search.reason = f"the in-process rules' config could not be measured in {where.name}: {best.reason}"
                 return
-            if run.runtime == "model.py":  # a Python-based backend answered for the platform: not the native one
+            if measurer.runtime == "model.py":  # a Python-based backend answered for the platform: not the native one
                 search.stand_in = True
                 search.served_by = search.served_by.replace("native backend", f"{STAND_IN_LABEL} (the server runs a model.py for "
                                                             f"backend {artifact.platform.backend})", 1)
-            run.bench = replace(bench, window_ms=bench.window_for(best.throughput))
+            measurer.bench = replace(bench, window_ms=bench.window_for(best.throughput))
             search.status = "searched"
-            reserve = PADDING_SHARE * request.budget_s if trial is not None and not trial.answers else 0.0
-            run.deadline -= reserve
-            other = other_kind(result, options, request, gpu) if not beside else None
-            if other is None:
-                search.kinds = "no candidate of the other kind (padding or not) entered: " + (
-                    "the search runs beside other processes' load" if beside else why_no_other_kind(result))
-            else:
-                enter_other_kind(run, other, where, options, request, search, space)
-            search.stopped = run.explore(space)
-            if request.url and run.gone:
-                raise ServerError(f"{run.gone}; every variant it had loaded was unloaded where it could be, nothing was published")
-            run.base()
-            run.deadline += reserve
+            with clock.holding_back(PADDING_SHARE * request.budget_s if trial is not None and not trial.answers else 0.0):
+                other = other_kind(result, options, request, gpu) if not beside else None
+                if other is None:
+                    search.kinds = "no candidate of the other kind (padding or not) entered: " + (
+                        "the search runs beside other processes' load" if beside else why_no_other_kind(result))
+                else:
+                    enter_other_kind(run, other, where, options, request, search, space)
+                search.stopped = run.explore(space)
+                if request.url and run.gone:
+                    raise ServerError(f"{run.gone}; every variant it had loaded was unloaded where it could be, nothing was published")
+                run.measure_lone_request()
             if trial is not None:
                 search.client_padding = padding_trial(run, trial, request, search, fronted).to_json()
             elif traffic is not None:
                 search.client_padding = {"advised": False, "why": "the traffic comes in one shape" if sig.is_dynamic else "the model has no dynamic axis"}
+            search.remeasured, search.retried_s = measurer.remeasured, round(clock.retried_s, 1)
     search.chosen = run.best.point
     if search.padded:
         search.chosen = OperatingPoint.from_json(search.client_padding["point"])
@@ -201,6 +194,9 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
     if run.best.point in run.robust:
         worst, at = run.robust[run.best.point]
         search.load += f"; it served {worst:.2f}x the best variant measured at its worst load (concurrency {at})"
+    for v in search.variants:  # each variant's worst score under a robust objective, for the report and the tests
+        if v.point in run.robust and v.stage != "padded":
+            v.worst, v.worst_at = round(run.robust[v.point][0], 4), run.robust[v.point][1]
     search.concurrency_source = ("--concurrency" if request.concurrency else
                                  f"where the published variant {'met the budget with the most throughput' if request.latency_budget_ms is not None else 'reached its peak'} in its sweep")
     _predict(search, result)

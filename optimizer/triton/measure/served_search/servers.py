@@ -18,15 +18,50 @@ from optimizer.events import Event, EventSink
 from optimizer.records.served_search import ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.task.core_share import CoreShare, probe
-from optimizer.triton.local_serving import local_config, needs_translation
-from optimizer.triton.model_config import canonical, parse
-from optimizer.triton.publish import PublishOptions, model_files
-from optimizer.triton.served_search.request import SearchRequest
-from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, prepare_home
+from optimizer.triton.runtime.local_serving import local_config, needs_translation
+from optimizer.triton.config.model_config import canonical, parse
+from optimizer.triton.repository.publish import PublishOptions, model_files
+from optimizer.triton.measure.served_search.request import SearchRequest
+from optimizer.triton.runtime.server import LocalTritonServer, find_triton, homes_root, prepare_home
 from optimizer.vocab import Device
 
 STAND_IN_LABEL = "stand-in backend"
 WAIT_PROBE_S = 1.0
+
+
+class Rig:
+    """Where a search runs and what it measures with: the bundled server on a private repository (or the user's, --url),
+    a VariantLoader and a Bench. served_search() takes another for a made-up server (the tests' seam)."""
+
+    @contextmanager
+    def server(self, result: TuneResult, options: PublishOptions, request: SearchRequest, search: ServedSearch, text: str,
+               extra: dict[str, bytes], on_event: EventSink) -> Iterator[Where | None]:
+        """The server the variants run on; None when the bundled one cannot serve this artifact (search.reason says why)."""
+        if request.url:
+            yield remote_server(result, request, search, extra)
+            return
+        with local_server(result, options, request, search, text, extra, on_event) as where:
+            yield where
+
+    def loader(self, where: Where, request: SearchRequest) -> Any:
+        """The loader of variants under private names (a context manager that unloads what it loaded)."""
+        from optimizer.triton.measure.served_search.loader import VariantLoader
+
+        return VariantLoader(where.url, protocol=request.protocol, place=where.place, files=where.files, check_alive=where.check_alive)
+
+    def bench(self, where: Where, input_data: Path, rows: list[dict[str, Any]], request: SearchRequest) -> Any:
+        """What measures a loaded variant: perf_analyzer (which must be there) over the search's protocol."""
+        from optimizer.triton.measure.served_search.measure import Bench
+        from optimizer.triton.runtime.perf_analyzer import find_perf_analyzer
+
+        find_perf_analyzer()
+        return Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol)
+
+    def cores(self) -> int:
+        """The cores the server's instance layouts may use."""
+        from optimizer.machine import cpu_cores
+
+        return cpu_cores()
 
 
 @dataclass
@@ -54,7 +89,7 @@ def local_server(result: TuneResult, options: PublishOptions, request: SearchReq
            on_event: EventSink) -> Iterator[Where | None]:
     """The bundled tritonserver on a private repository of links to the artifact, on every core (beside any other load:
     see search._search)."""
-    from optimizer.triton.validation.target import ModelTarget, local_servability
+    from optimizer.triton.measure.target import ModelTarget, local_servability
 
     artifact = result.selected_candidate.artifact
     repo = request.workdir / "repository"
@@ -106,7 +141,7 @@ def remote_files(result: TuneResult, extra: dict[str, bytes]) -> dict[str, bytes
 
 def remote_server(result: TuneResult, request: SearchRequest, search: ServedSearch, extra: dict[str, bytes]) -> Where:
     """The user's server (--url): the model's files go in every load request, since it may not see this disk."""
-    from optimizer.triton.server import open_client
+    from optimizer.triton.runtime.server import open_client
 
     assert request.url is not None
     files = remote_files(result, extra)

@@ -15,10 +15,10 @@ into the export's report folder.
     run.py          validate(): the checks in order
 """
 
-from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
-from optimizer.triton.validation.record import STAND_IN_LABEL, STATUSES, VALIDATION_FILENAME, AnswerCheck, ValidationRecord
-from optimizer.triton.validation.run import validate
-from optimizer.triton.validation.target import ModelTarget, resolve_target
+from optimizer.triton.measure.validation.expectation import ExportReference, find_export_report, load_export_reference
+from optimizer.triton.measure.validation.record import STAND_IN_LABEL, STATUSES, VALIDATION_FILENAME, AnswerCheck, ValidationRecord
+from optimizer.triton.measure.validation.run import validate
+from optimizer.triton.measure.target import ModelTarget, resolve_target
 
 __all__ = [
     "STAND_IN_LABEL",

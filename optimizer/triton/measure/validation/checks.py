@@ -1,23 +1,17 @@
-"""The checks a served model must pass: right answers on the saved samples, an oversize batch refused, a fitting perf window."""
+"""What validate checks besides the answers (measure/answers.py): the export's samples in the served names, an oversize batch refused, a perf_analyzer window long enough."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from optimizer.model.samples import Feed, load_feeds, tile_feed
-from optimizer.records.accuracy import AccuracyBudget
-from optimizer.records.correctness import CorrectnessCase
 from optimizer.records.triton_platforms import PLATFORMS
-from optimizer.task.accuracy_gate import judge, load_check, run_check, server_order
-from optimizer.task.correctness import compare_outputs
-from optimizer.triton.perf_analyzer import PerfSettings
-from optimizer.triton.server import triton_message
-from optimizer.triton.validation.client import infer, infer_batched, max_batch, wire_dtype
-from optimizer.triton.validation.expectation import ExportReference
-from optimizer.triton.validation.record import AnswerCheck
+from optimizer.triton.runtime.perf_analyzer import PerfSettings
+from optimizer.triton.runtime.server import triton_message
+from optimizer.triton.measure.client import infer, max_batch, wire_dtype
+from optimizer.triton.measure.validation.expectation import ExportReference
 
 WINDOW_REQUESTS = 20
 """perf_analyzer windows are sized to hold about this many requests at concurrency 1."""
@@ -57,86 +51,6 @@ def reference_feeds(reference: ExportReference | None, served: dict[str, Any]) -
         else:
             feed[spec["name"]] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt)
     return [feed], None, ["generated from config"]
-
-
-def check_answers(client: Any, protocol: str, name: str, served: dict[str, Any], feeds: list[Feed],
-                  expected: list[Feed] | None, points: list[str], tolerances: dict[str, Any] | None = None,
-                  accuracy: AccuracyBudget | None = None) -> AnswerCheck:
-    """Send every saved sample and compare with the eager reference (same tolerances as the optimizer). A bf16 or INT8
-    model (`accuracy` given) is judged by the export's accuracy gate instead, its samples sent short to long and back
-    as the export's check ran them: the served model must not fall into a shape-order trap the export avoided."""
-    from tritonclient.utils import InferenceServerException
-
-    outputs = served.get("output", [])
-    names = [o["name"] for o in outputs]
-    dtypes = [wire_dtype(o["data_type"])[0].name for o in outputs]
-    check = AnswerCheck(protocol, True, compared_with="reference" if expected is not None else "none")
-    gated = accuracy is not None and expected is not None
-    order = server_order([sum(int(a.size) for a in f.values()) for f in feeds]) if gated else list(range(len(feeds)))
-    ran, got, wanted_all, seen = [], [], [], set()
-    for i in order:
-        point = (points[i] if i < len(points) else f"sample[{i}]") + (" (again)" if i in seen else "")
-        seen.add(i)
-        feed = feeds[i]
-        try:
-            actual = infer_batched(client, name, served, feed)
-        except InferenceServerException as err:
-            check.passed, check.error = False, f"at {point}, Triton answered: {triton_message(err)}"
-            return check
-        if expected is None:
-            case = _shape_case(point, names, dtypes, actual, feed, served)
-        else:
-            missing = [n for n in names if n not in expected[i]]
-            if missing:
-                check.passed, check.error = False, f"the served outputs {names} are not the exported ones {sorted(expected[i])}"
-                return check
-            wanted = [as_served(expected[i][o["name"]], o, max_batch(served) > 0) for o in outputs]
-            case = compare_outputs(point, names, dtypes, actual, wanted, tolerances)
-            ran.append(point)
-            got.append(dict(zip(names, actual)))
-            wanted_all.append(dict(zip(names, wanted)))
-        check.cases.append({"point": case.point, "passed": case.passed, "outputs": [asdict(o) for o in case.outputs]})
-        finite = [o for o in case.outputs if o.shape_ok]
-        check.max_abs = max([check.max_abs, *(o.max_abs for o in finite)])
-        check.max_rel = max([check.max_rel, *(o.max_rel for o in finite)])
-        if not gated and not case.passed and check.passed:
-            worst = next(o for o in case.outputs if not o.passed)
-            detail = worst.note or f"max abs error {worst.max_abs:.3g}, max rel error {worst.max_rel:.3g} (atol {worst.atol:g}, rtol {worst.rtol:g})"
-            check.passed, check.error = False, f"output {worst.name!r} at {point}: {detail}"
-    if gated:
-        verdict = judge(names, ran, wanted_all, got, accuracy, max_batch(served) > 0)
-        if accuracy.check:
-            verdict.check_score, verdict.check_passed = run_check(load_check(accuracy.check), accuracy.check, wanted_all, got)
-        check.accuracy = verdict.to_json()
-        if not verdict.passed:
-            check.passed, check.error = False, verdict.reason
-    return check
-
-
-def as_served(reference: np.ndarray, spec: dict[str, Any], batching: bool) -> np.ndarray:
-    """The reference output in the shape clients receive: an output with `reshape` is produced in the reshape's shape
-    and served in the config's dims (a per-sample scalar with `dims: [1] reshape { shape: [] }` arrives as [batch, 1])."""
-    if "reshape" not in spec:
-        return reference
-    dims = [int(d) for d in spec.get("dims", [])]
-    shape = ([reference.shape[0]] if batching and reference.ndim else []) + dims
-    if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != reference.size:
-        return reference  # dynamic dims or a different element count: compared as is, and the shape check says so
-    return reference.reshape(shape)
-
-
-def _shape_case(point: str, names: list[str], dtypes: list[str], actual: list[np.ndarray], feed: Feed, served: dict[str, Any]) -> CorrectnessCase:
-    """Without a reference: every output has the config's dtype and dims (batch axis = the request's)."""
-    from optimizer.records.correctness import OutputError
-
-    batch = [next(iter(feed.values())).shape[0]] if max_batch(served) > 0 else []
-    results = []
-    for spec, name, dtype, arr in zip(served.get("output", []), names, dtypes, actual):
-        dims = batch + [int(d) for d in spec.get("dims", [])]
-        ok = arr.dtype.name == dtype and len(arr.shape) == len(dims) and all(d < 0 or d == s for d, s in zip(dims, arr.shape))
-        note = "" if ok else f"{arr.dtype.name}{list(arr.shape)}, config says {dtype}{dims}"
-        results.append(OutputError(name, ok, 0.0, 0.0, 0.0, 0.0, ok, note))
-    return CorrectnessCase(point, results)
 
 
 def check_oversize(client: Any, name: str, served: dict[str, Any], feed: Feed) -> dict[str, Any] | None:

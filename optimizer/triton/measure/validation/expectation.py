@@ -13,7 +13,8 @@ from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.correctness import Tolerance, tolerances_from_json
 from optimizer.records.report_file import read_report
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch
-from optimizer.triton.validation.target import ModelTarget
+from optimizer.triton.measure.answers import accuracy_gate_of
+from optimizer.triton.measure.target import ModelTarget
 
 
 @dataclass
@@ -68,18 +69,9 @@ def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | 
     return max(matches, key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
 
 
-def accuracy_gate_of(result: Any) -> AccuracyBudget | None:
-    """The accuracy budget the selected candidate was judged by, if it was (a bf16 or INT8 winner)."""
-    try:
-        correctness = result.selected_candidate.correctness
-    except PublishError:
-        return None
-    return correctness.accuracy.budget if correctness is not None and correctness.accuracy is not None else None
-
-
 def _model_key(model_url: str) -> tuple[str, str] | None:
     """An s3:// model URL as (bucket, key): the same model whether the URL names the endpoint or the environment does."""
-    from optimizer.triton.object_store.location import parse_location, store_url
+    from optimizer.triton.repository.object_store.location import parse_location, store_url
 
     if store_url(model_url) is None:
         return None

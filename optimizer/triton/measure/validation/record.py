@@ -10,26 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import ValidationError
+from optimizer.triton.measure.answers import AnswerCheck
 
 STAND_IN_LABEL = "stand-in backend"
 """Every result served by a stand-in carries this label, in the CLI output and in validation.json."""
 
 VALIDATION_FILENAME = "validation.json"
 STATUSES = ("passed", "failed", "not validated")
-
-
-@dataclass
-class AnswerCheck:
-    """The answers over one protocol, compared with the eager reference at every saved sample."""
-
-    protocol: str
-    passed: bool
-    cases: list[dict[str, Any]] = field(default_factory=list)
-    max_abs: float = 0.0
-    max_rel: float = 0.0
-    error: str = ""
-    compared_with: str = "reference"  # "reference" (eager outputs) or "none" (no export report: shapes only)
-    accuracy: dict[str, Any] | None = None  # AccuracyReport.to_json(): a bf16 / INT8 model judged by the export's gate
 
 
 @dataclass

@@ -14,17 +14,18 @@ from typing import Any
 from optimizer.errors import SettingsError, ValidationError
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.samples import load_feeds
-from optimizer.triton.local_serving import local_config, needs_translation, private_model, translation_note
-from optimizer.triton.model_config import canonical
-from optimizer.triton.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer
-from optimizer.triton.perf_analyzer_input import write_input_data
-from optimizer.triton.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
-from optimizer.triton.validation.checks import check_answers, check_oversize, reference_feeds, served_names, window_for
-from optimizer.triton.validation.client import (config_summary, execution_counts, load_remote, max_batch, ready_versions, request_ms,
+from optimizer.triton.runtime.local_serving import local_config, needs_translation, private_model, translation_note
+from optimizer.triton.config.model_config import canonical
+from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer
+from optimizer.triton.runtime.perf_analyzer_input import write_input_data
+from optimizer.triton.runtime.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
+from optimizer.triton.measure.answers import check_answers
+from optimizer.triton.measure.validation.checks import check_oversize, reference_feeds, served_names, window_for
+from optimizer.triton.measure.client import (config_summary, execution_counts, load_remote, max_batch, ready_versions, request_ms,
                                                 response_cache_enabled, served_config, server_version)
-from optimizer.triton.validation.expectation import ExportReference, find_export_report, load_export_reference
-from optimizer.triton.validation.record import STAND_IN_LABEL, ValidationRecord
-from optimizer.triton.validation.target import ModelTarget, composing_targets, local_servability, output_folder, resolve_target
+from optimizer.triton.measure.validation.expectation import ExportReference, find_export_report, load_export_reference
+from optimizer.triton.measure.validation.record import STAND_IN_LABEL, ValidationRecord
+from optimizer.triton.measure.target import ModelTarget, composing_targets, local_servability, output_folder, resolve_target
 
 PERF_INPUT_FILENAME = "perf_analyzer_input.json"
 BUSY_SHARE = 0.25
@@ -239,7 +240,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
 def _padding_words(reference: ExportReference) -> str:
     """How the prediction treats a backend that pads: full executions between multiples of the max, unless the queue
     delay outlasts one (then every batch fills; prediction.py)."""
-    from optimizer.triton.served_search.prediction import delay_fills
+    from optimizer.triton.measure.prediction import delay_fills
 
     if not reference.served_pads or reference.served_point is None:
         return ""
@@ -251,7 +252,7 @@ def _padding_words(reference: ExportReference) -> str:
 def _compare_with_curve(record: ValidationRecord, reference: ExportReference, rows: list[Any]) -> None:
     """Served against predicted at each load the served search did not measure (a prediction that can fail), and against
     the search's own measurement at each load it did (repeatability: the same config at the same load, reported apart)."""
-    from optimizer.triton.served_search.prediction import predict_throughput
+    from optimizer.triton.measure.prediction import predict_throughput
 
     measured = {lv.concurrency: lv for lv in reference.served_curve}
     for row in rows:
@@ -315,7 +316,7 @@ def incomplete_publish(target: ModelTarget) -> str:
     """For a model in object storage: why its files are not those its manifest lists ("" when they are, or there is no manifest)."""
     if not target.remote:
         return ""
-    from optimizer.triton.object_store.upload import manifest_mismatch
+    from optimizer.triton.repository.object_store.upload import manifest_mismatch
 
     for model in [*composing_targets(target), target]:  # an ensemble's step first: it is published before the ensemble
         problem = manifest_mismatch(model.store, model.name)

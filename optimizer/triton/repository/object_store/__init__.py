@@ -7,8 +7,8 @@
 boto3 is imported only when a store is used.
 """
 
-from optimizer.triton.object_store.client import ObjectStore
-from optimizer.triton.object_store.location import StoreLocation, parse_location, store_url
-from optimizer.triton.object_store.upload import MANIFEST, check_store_target, publish_to_store, read_model
+from optimizer.triton.repository.object_store.client import ObjectStore
+from optimizer.triton.repository.object_store.location import StoreLocation, parse_location, store_url
+from optimizer.triton.repository.object_store.upload import MANIFEST, check_store_target, publish_to_store, read_model
 
 __all__ = ["MANIFEST", "ObjectStore", "StoreLocation", "check_store_target", "parse_location", "publish_to_store", "read_model", "store_url"]

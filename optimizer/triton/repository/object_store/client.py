@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from optimizer.errors import OptimizerError, PublishError
-from optimizer.triton.object_store.location import StoreLocation
+from optimizer.triton.repository.object_store.location import StoreLocation
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from typing import Any, Callable
 
 from optimizer._version import __version__
 from optimizer.errors import PublishError, TemplateError
-from optimizer.triton.object_store.client import ObjectStore
-from optimizer.triton.object_store.location import StoreLocation
-from optimizer.triton.repository import ModelFiles, Published, RepositoryState, check_free, check_model_name, publish_model
+from optimizer.triton.repository.object_store.client import ObjectStore
+from optimizer.triton.repository.object_store.location import StoreLocation
+from optimizer.triton.repository.atomic import ModelFiles, Published, RepositoryState, check_free, check_model_name, publish_model
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def served_versions(config_text: str | None, versions: tuple[int, ...]) -> tuple
 
 def gate_config(config_text: str, keep: tuple[int, ...]) -> str:
     """`config_text` with `version_policy { specific { versions: keep } }`: Triton loads those versions only (none when empty)."""
-    from optimizer.triton.model_config import canonical
+    from optimizer.triton.config.model_config import canonical
 
     config = _parse(config_text)
     assert config is not None
@@ -158,7 +158,7 @@ def gate_config(config_text: str, keep: tuple[int, ...]) -> str:
 
 
 def _parse(text: str) -> Any:
-    from optimizer.triton.model_config import parse
+    from optimizer.triton.config.model_config import parse
 
     try:
         return parse(text, "config.pbtxt")

@@ -4,7 +4,7 @@ The real C++ backend is not installable outside NVIDIA's container. Triton runs 
 model whose config resolves to backend "pytorch" (platform "pytorch_libtorch") when backends/pytorch/
 holds model.py and no libtriton_pytorch.so, so the UNCHANGED native config is served. Like the
 native backend it loads the TorchScript model.pt (or, for a torch_aoti model served locally through
-triton/local_serving.py, the AOTInductor model.pt2), feeds inputs by forward() argument name or by the
+triton/runtime/local_serving.py, the AOTInductor model.pt2), feeds inputs by forward() argument name or by the
 `<name>__<index>` convention (else in config order), maps outputs `<name>__<index>` to the returned
 tuple, runs one dynamic batch as one call and honours INFERENCE_MODE, DISABLE_OPTIMIZED_EXECUTION and
 the thread-count parameters. Numerics come from pip torch, not from libtorch in Triton: results
