@@ -20,16 +20,8 @@ import pytest
 from optimizer.errors import ConfigRuleError, PublishError, TemplateError
 from optimizer.triton.config import rules
 from optimizer.triton.config.rules import RULES, ArtifactFacts, violations
-from optimizer.triton.config.model_config import (
-    MAX_QUEUE_DELAY_US,
-    MIN_QUEUE_DELAY_US,
-    batching_plan,
-    build_spec,
-    canonical,
-    packaged_template_dir,
-    parse,
-    render,
-)
+from optimizer.triton.config.model_config import canonical, packaged_template_dir, parse, render
+from optimizer.triton.config.spec import MAX_QUEUE_DELAY_US, MIN_QUEUE_DELAY_US, batching_plan, build_spec
 from optimizer.triton.repository.publish import PublishOptions, render_config, version_policy_for
 from optimizer.triton.repository.atomic import RepositoryState
 from tests.conftest import ROOT
@@ -759,7 +751,7 @@ def test_templates_ship_inside_the_built_wheel(tmp_path: Path):
         f"assert packaged_template_dir().is_relative_to({str(site)!r})\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from tests.triton_records import make_result\n"
-        "from optimizer.triton.config.model_config import build_spec\n"
+        "from optimizer.triton.config.spec import build_spec\n"
         "import tempfile\n"
         f"for p in {PLATFORMS!r}:\n"
         "    parse(render(build_spec(make_result(Path(tempfile.mkdtemp()), p), 'm')))\n"

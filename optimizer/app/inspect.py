@@ -25,7 +25,7 @@ from optimizer.settings import ExportSettings
 from optimizer.task.correctness import DEFAULT_TOLERANCES, precision_tolerances
 from optimizer.task.profiling import ProfileSettings
 from optimizer.task.screening import screen
-from optimizer.triton.config.model_config import tensor_entry
+from optimizer.triton.config.spec import tensor_entry
 from optimizer.vocab import PRECISIONS
 
 log = logging.getLogger(__name__)

@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimizer.machine import cpu_cores
-from optimizer.triton.config.model_config import config_signature
+from optimizer.triton.config.spec import config_signature
 
 if TYPE_CHECKING:
     from optimizer.records.tune_result import TuneResult
-    from optimizer.triton.config.model_config import ConfigSpec
+    from optimizer.triton.config.spec import ConfigSpec
     from optimizer.triton.repository.atomic import Published
 
 log = logging.getLogger(__name__)

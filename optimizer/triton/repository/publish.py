@@ -20,7 +20,8 @@ from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.config import rules
 from optimizer.triton.config.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
-from optimizer.triton.config.model_config import TEMPLATE_SUFFIX, ConfigSpec, build_spec, canonical, config_signature, parse, render, warmup_entries
+from optimizer.triton.config.model_config import TEMPLATE_SUFFIX, canonical, parse, render
+from optimizer.triton.config.spec import ConfigSpec, build_spec, config_signature, warmup_entries
 from optimizer.triton.repository.object_store.location import check_scheme, parse_location, store_url
 from optimizer.triton.repository.atomic import (
     ModelFiles,

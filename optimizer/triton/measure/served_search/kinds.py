@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.config.front import needs_front
-from optimizer.triton.config.model_config import (
+from optimizer.triton.config.spec import (
     batching_plan,
     config_signature,
     operating_point_of,

@@ -18,7 +18,7 @@ import numpy as np
 from optimizer.errors import ValidationError
 from optimizer.records.served_search import LoadLevel, ServedVariant
 from optimizer.records.tune_result import TuneResult
-from optimizer.triton.config.model_config import config_signature
+from optimizer.triton.config.spec import config_signature
 from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfSettings, run_perf_analyzer
 from optimizer.triton.runtime.perf_analyzer_input import traffic_requests, write_input_data
 from optimizer.triton.measure.served_search.objective import Objective

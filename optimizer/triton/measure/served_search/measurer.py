@@ -15,7 +15,8 @@ from optimizer.errors import ConfigRuleError, PublishError, TemplateError, Valid
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedVariant
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.config.front import VERSION_MARKER, VERSION_MARKER_TEXT, front_config, inner_name, needs_front
-from optimizer.triton.config.model_config import canonical, config_signature, parse
+from optimizer.triton.config.model_config import canonical, parse
+from optimizer.triton.config.spec import config_signature
 from optimizer.triton.measure.served_search.clock import EXIT_S, STABLE_WINDOWS, BudgetClock
 from optimizer.triton.measure.served_search.loader import private_name, server_gone
 from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, Bench, sweep

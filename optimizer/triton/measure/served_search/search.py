@@ -25,7 +25,8 @@ from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.config.front import needs_front
 from optimizer.triton.runtime.local_serving import needs_translation, translation_note
-from optimizer.triton.config.model_config import batching_plan, config_signature, operating_point_of, parse
+from optimizer.triton.config.model_config import parse
+from optimizer.triton.config.spec import batching_plan, config_signature, operating_point_of
 from optimizer.triton.repository.publish import PublishOptions, prepare_config
 from optimizer.triton.measure.served_search.cache import ServedSearchCache, search_key
 from optimizer.triton.measure.served_search.kinds import enter_other_kind, other_kind, other_kind_candidates, why_no_other_kind
