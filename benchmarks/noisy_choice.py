@@ -250,7 +250,8 @@ def serve_and_compare(name: str, quiet: Run, busy: list[Run], concurrency: int, 
     from optimizer.triton.measure.served_search.loader import VariantLoader
     from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up
     from optimizer.triton.measure.served_search.request import LOCAL_PROTOCOL
-    from optimizer.triton.runtime.server import LocalTritonServer, find_triton, homes_root, prepare_home
+    from optimizer.triton.runtime.install import find_triton, homes_root, prepare_home
+    from optimizer.triton.runtime.server import LocalTritonServer
 
     repo = workdir / "serve-repository"
     repo.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,8 @@ from optimizer.triton.measure.served_search.run import LOAD_GROUP  # noqa: E402
 from optimizer.triton.measure.served_search.search import request_mix  # noqa: E402
 from optimizer.triton.measure.served_search.servers import locally  # noqa: E402
 from optimizer.triton.measure.served_search.request import LOCAL_PROTOCOL  # noqa: E402
-from optimizer.triton.runtime.server import LocalTritonServer, ServerHome, find_triton, homes_root, prepare_home  # noqa: E402
+from optimizer.triton.runtime.install import ServerHome, find_triton, homes_root, prepare_home  # noqa: E402
+from optimizer.triton.runtime.server import LocalTritonServer  # noqa: E402
 from optimizer.triton.measure.validation import find_export_report, resolve_target  # noqa: E402
 from optimizer.triton.measure.target import ModelTarget, local_servability  # noqa: E402
 

@@ -255,7 +255,7 @@ def backends(device: str, check_imports: bool, precision: str, as_json: bool) ->
         av = b.availability(where, quick=not check_imports)
         rows.append({"name": name, "platform": b.triton_platform or "(baseline, not published)", "available": av.ok, "reason": av.reason})
     from optimizer.triton.runtime.perf_analyzer import perf_analyzer_status
-    from optimizer.triton.runtime.server import tritonserver_status
+    from optimizer.triton.runtime.install import tritonserver_status
 
     tools = [tritonserver_status(), perf_analyzer_status()]
     if as_json:

@@ -9,7 +9,7 @@ import pytest
 from optimizer.backend import backend_named
 from optimizer.errors import SettingsError
 from optimizer.machine import CACHE_DIR_ENV, cache_root
-from optimizer.triton.runtime.server import homes_root
+from optimizer.triton.runtime.install import homes_root
 from optimizer.vocab import Device
 
 

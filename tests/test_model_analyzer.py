@@ -27,7 +27,7 @@ PATH_KEYS = ("model_repository", "export_path", "checkpoint_directory", "output_
 
 
 def _local_tritonserver() -> bool:
-    from optimizer.triton.runtime.server import ToolMissing, find_triton
+    from optimizer.triton.runtime.install import ToolMissing, find_triton
 
     try:
         find_triton()
@@ -149,12 +149,12 @@ def test_rewriting_the_yaml_clears_old_checkpoints_and_refreshes_the_base_config
 
 
 def test_without_a_local_tritonserver_the_yaml_is_for_a_server_the_user_starts(in_tmp: Path, monkeypatch: pytest.MonkeyPatch):
-    from optimizer.triton.runtime import server
+    from optimizer.triton.runtime import install
 
     def missing():
-        raise server.ToolMissing("tritonserver was not found (nvidia-pytriton is not installed)")
+        raise install.ToolMissing("tritonserver was not found (nvidia-pytriton is not installed)")
 
-    monkeypatch.setattr(server, "find_triton", missing)
+    monkeypatch.setattr(install, "find_triton", missing)
     result = make_result(in_tmp / "run", inputs=(tensor("input_ids", "int64", "1-128"),))
     Path(result.reference.profile_feed).unlink()  # no request mix: perf_analyzer needs --shape for the dynamic axis
     published = publish(result, PublishOptions(in_tmp / "repo", "enc", report_dir=in_tmp / "report"))

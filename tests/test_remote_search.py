@@ -16,7 +16,8 @@ import pytest
 
 from optimizer.records.served_search import ServedSearch
 from optimizer.triton.config.model_config import parse
-from optimizer.triton.runtime.server import free_port, homes_root, open_client, prepare_home
+from optimizer.triton.runtime.install import homes_root, prepare_home
+from optimizer.triton.runtime.server import free_port, open_client
 from tests.conftest import run_cli
 from tests.test_client_contract import start_serve, stop_serve
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from optimizer.errors import ValidationError
-from optimizer.triton.runtime import server as server_mod
-from optimizer.triton.runtime.server import SHM_DIR, LocalTritonServer, find_triton, prepare_home
+from optimizer.triton.runtime import install as install_mod
+from optimizer.triton.runtime.install import find_triton, prepare_home
+from optimizer.triton.runtime.server import SHM_DIR, LocalTritonServer
 from tests.conftest import ROOT, ctrl_c_reaches_it
 
 DOUBLE_CONFIG = """name: "{name}"
@@ -179,7 +180,7 @@ def test_the_server_home_is_made_once_even_by_racing_processes(tmp_path: Path, m
     for backend in ("onnxruntime", "openvino", "python"):  # python has a real library: its stand-in must not be copied
         (standins / backend).mkdir(parents=True)
         (standins / backend / "model.py").write_text(f"# {backend} stand-in\n")
-    monkeypatch.setattr(server_mod, "STANDIN_DIR", standins)
+    monkeypatch.setattr(install_mod, "STANDIN_DIR", standins)
     install = find_triton()
     homes, errors = [], []
 

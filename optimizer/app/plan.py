@@ -178,7 +178,7 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         raise SettingsError("--url runs the served search on that server, and --serve-search off skips the search; drop one of them.")
     if settings.validate:  # a missing tool or a bad range fails now, not after tuning
         from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, find_perf_analyzer
-        from optimizer.triton.runtime.server import find_triton
+        from optimizer.triton.runtime.install import find_triton
 
         if settings.validate_concurrency != "auto":
             ConcurrencyRange.parse(settings.validate_concurrency)

@@ -85,7 +85,8 @@ def serve(request: ServeRequest, on_started: Callable[[Serving], None], log_sink
           poll_s: float = 0.5) -> int:
     """Start the server, call `on_started`, stream its log to `log_sink` and wait until Ctrl-C/SIGTERM (returns 0) or until
     the server exits by itself (ValidationError with its error lines). The server is always stopped on the way out."""
-    from optimizer.triton.runtime.server import LocalTritonServer, error_lines, find_triton, homes_root, prepare_home
+    from optimizer.triton.runtime.install import find_triton, homes_root, prepare_home
+    from optimizer.triton.runtime.server import LocalTritonServer, error_lines
 
     check_request(request)
     home = prepare_home(find_triton(), homes_root(request.cache_dir))

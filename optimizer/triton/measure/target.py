@@ -10,7 +10,7 @@ from optimizer.errors import RepositoryError, SettingsError, TemplateError
 from optimizer.triton.repository.object_store.location import store_url
 from optimizer.triton.repository.atomic import outside_repository
 from optimizer.triton.config.rules.base import backend_of, platform_of
-from optimizer.triton.runtime.server import ServerHome
+from optimizer.triton.runtime.install import ServerHome
 
 
 @dataclass

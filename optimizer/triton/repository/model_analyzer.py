@@ -158,7 +158,7 @@ def _shapes(spec: ConfigSpec, result: TuneResult) -> list[str]:
 def local_perf_analyzer() -> dict[str, Any] | None:
     """perf_analyzer 2.51 from this environment and the CUDA runtime folder it links (None: not installed)."""
     from optimizer.triton.runtime.perf_analyzer import cuda_runtime_lib_dir, find_perf_analyzer
-    from optimizer.triton.runtime.server import ToolMissing
+    from optimizer.triton.runtime.install import ToolMissing
 
     try:
         binary = find_perf_analyzer()
@@ -173,15 +173,8 @@ def local_server(cache_dir: Path | None = None) -> dict[str, Any] | None:
     PATH it needs (server_environment), the flags LocalTritonServer passes (backends, caches, a python-backend
     shared-memory prefix of its own, loopback addresses) and free loopback ports. None (reason logged) when no local
     tritonserver is installed."""
-    from optimizer.triton.runtime.server import (
-        SHM_PREFIX,
-        ToolMissing,
-        find_triton,
-        free_port,
-        homes_root,
-        prepare_home,
-        server_environment,
-    )
+    from optimizer.triton.runtime.install import ToolMissing, find_triton, homes_root, prepare_home, server_environment
+    from optimizer.triton.runtime.server import SHM_PREFIX, free_port
 
     try:
         install = find_triton()

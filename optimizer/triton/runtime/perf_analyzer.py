@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import SettingsError, ValidationError
-from optimizer.triton.runtime.server import ToolMissing
+from optimizer.triton.runtime.install import ToolMissing
 
 log = logging.getLogger(__name__)
 

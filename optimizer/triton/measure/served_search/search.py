@@ -38,7 +38,7 @@ from optimizer.triton.measure.served_search.points import HELD_LAYOUT, SearchSpa
 from optimizer.triton.measure.served_search.request import SearchRequest
 from optimizer.triton.measure.served_search.run import SearchRun
 from optimizer.triton.measure.served_search.servers import STAND_IN_LABEL, Rig
-from optimizer.triton.runtime.server import ToolMissing, find_triton, homes_root, prepare_home
+from optimizer.triton.runtime.install import ToolMissing, find_triton, homes_root, prepare_home
 from optimizer.vocab import Device
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from optimizer.triton.runtime.local_serving import local_config, needs_translati
 from optimizer.triton.config.model_config import canonical, parse
 from optimizer.triton.repository.publish import PublishOptions, model_files
 from optimizer.triton.measure.served_search.request import SearchRequest
-from optimizer.triton.runtime.server import LocalTritonServer, find_triton, homes_root, prepare_home
+from optimizer.triton.runtime.install import find_triton, homes_root, prepare_home
+from optimizer.triton.runtime.server import LocalTritonServer
 from optimizer.vocab import Device
 
 STAND_IN_LABEL = "stand-in backend"

@@ -18,7 +18,8 @@ from optimizer.triton.runtime.local_serving import local_config, needs_translati
 from optimizer.triton.config.model_config import canonical
 from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer
 from optimizer.triton.runtime.perf_analyzer_input import write_input_data
-from optimizer.triton.runtime.server import LocalTritonServer, find_triton, homes_root, open_client, prepare_home, triton_message
+from optimizer.triton.runtime.install import find_triton, homes_root, prepare_home
+from optimizer.triton.runtime.server import LocalTritonServer, open_client, triton_message
 from optimizer.triton.measure.answers import check_answers
 from optimizer.triton.measure.validation.checks import check_oversize, reference_feeds, served_names, window_for
 from optimizer.triton.measure.client import (config_summary, execution_counts, load_remote, max_batch, ready_versions, request_ms,
