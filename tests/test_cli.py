@@ -115,7 +115,7 @@ def test_unknown_option_is_a_usage_error(in_tmp: Path):
 
 def test_the_max_batch_line_names_the_published_max_when_the_served_search_chose_another(tmp_path: Path):
     """mobilenet_v3_small: stdout said "max_batch_size 32: the throughput peak ..." above a config that published 4."""
-    from optimizer.cli import max_batch_line
+    from optimizer.cli.output import max_batch_line
     from tests.triton_records import make_result
 
     result = make_result(tmp_path, max_batch=8)

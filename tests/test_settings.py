@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.cli import export as export_command
+from optimizer.cli.commands import export as export_command
 from optimizer.errors import SettingsError
 from optimizer.settings import KEYS, ExportSettings, key_of, load_settings_file, parse_size_mb, settings_from
 from tests.conftest import ROOT
@@ -44,7 +44,7 @@ def test_unknown_key_names_the_key_and_the_file(tmp_path: Path):
 
 
 def test_cli_flags_override_the_file(tmp_path: Path):
-    from optimizer.cli import settings_from_cli
+    from optimizer.cli.commands import settings_from_cli
 
     path = tmp_path / "export.toml"
     path.write_text('repository = "from_file"\nstrategy = "min-latency"\n')

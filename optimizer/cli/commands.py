@@ -1,10 +1,7 @@
-"""The command line: click commands only (parse -> call the API -> print).
+"""The command line: click commands only (parse -> call the API -> print with output.py).
 
 Options of `export` are generated from ExportSettings (settings.py), so a flag, a settings-file
-key and an API field are one and the same thing.
-
-Over 400 lines because every command's options, help text and printed lines are click declarations
-that belong together here; the work behind each command is one call into app/.
+key and an API field are one and the same thing. The work behind each command is one call into app/.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import click
 
 from optimizer._version import __version__
 from optimizer.errors import Interrupted, OptimizerError
-from optimizer.records.served_search import ServedSearch
+from optimizer.cli.output import print_backends, print_export, print_serving, print_validation
 from optimizer.settings import ExportSettings, load_settings_file, settings_from
 from optimizer.vocab import PRECISIONS, Device
 
@@ -119,24 +116,6 @@ def settings_from_cli(model: str | None, config: str | None, options: dict[str, 
     return settings_from(values)
 
 
-def _served_search_line(search: dict[str, Any]) -> str:
-    """One line: what the served search chose and measured, for which load, or why it did not run."""
-    if search["status"] != "searched":
-        return f"served search {search['status']}: {search['reason']}"
-    found = ServedSearch.from_json(search)
-    chosen, start = found.chosen_variant, next((v for v in found.variants if v.stage == "start"), None)
-    label = " (stand-in backend)" if found.stand_in else ""
-    if chosen is None or start is None or chosen.throughput is None or start.throughput is None:
-        return f"served search: {found.count_text()}"
-    pct = found.percentile
-    where = " beside other processes' load" if found.beside_load else ""
-    return (f"served search for {found.load}: {chosen.point.label} serves {chosen.throughput:.1f}/s, p{pct} "
-            f"{chosen.level(chosen.concurrency or 0).latency(pct) if chosen.level(chosen.concurrency or 0) else chosen.p95_ms:.1f} ms "
-            f"at concurrency {chosen.concurrency}{where}{label}; the in-process rules' config served {start.throughput:.1f}/s at concurrency "
-            f"{start.concurrency} ({found.count_text()} in {found.seconds:.0f} s; {found.stopped})"
-            + (f"; reused from the search measured {found.cached_from}" if found.cached_from else ""))
-
-
 @main.command()
 @click.argument("model", required=False)
 @click.option("--config", type=click.Path(dir_okay=False), help="A TOML settings file; its keys are these long option names (flags given here win).")
@@ -163,41 +142,9 @@ def export(ctx: click.Context, model: str | None, config: str | None, as_json: b
         if outcome.validation is not None:  # validation.json holds the record; the exit status still says it
             _run_guarded(outcome.validation.raise_for_status)
         return
-    chosen = result.selected_candidate
-    click.echo(f"selected {chosen.name}: {result.selection_reason}")
-    click.echo(max_batch_line(result, outcome.published.config))
-    click.echo(f"published {outcome.published.model_dir} (version {outcome.published.version})")
-    if outcome.published.composing:
-        click.echo(f"  an ensemble that takes the forward() names, in front of {', '.join(outcome.published.composing)} "
-                   "(the positional model; --io-names positional publishes it alone)")
-    if outcome.published.config:
-        click.echo(outcome.published.config["batching"]["explanation"])
-    if outcome.published.served_search:
-        click.echo(_served_search_line(outcome.published.served_search))
-    click.echo(f"report {outcome.report_path}")
-    if outcome.published.model_analyzer_config:
-        click.echo(f"Model Analyzer config: {outcome.published.model_analyzer_config}")
-    if outcome.published.perf_analyzer_input:
-        click.echo(f"perf_analyzer input data: {outcome.published.perf_analyzer_input} (--input-data)")
-    if outcome.published.kserve_manifest:
-        click.echo(f"KServe InferenceService: {outcome.published.kserve_manifest}")
+    print_export(outcome)
     if outcome.validation is not None:
-        _print_validation(outcome.validation)
         _run_guarded(outcome.validation.raise_for_status)
-
-
-def max_batch_line(result, config: dict | None) -> str:
-    """The max batch size line of `export`: the in-process decision, and the published max when the served search chose
-    another (the line said "max_batch_size 32" above a config that published 4)."""
-    chosen = result.selected_candidate
-    text = chosen.decision.explanation if chosen.decision else f"max_batch_size {result.max_batch_size}"
-    published = (config or {}).get("max_batch_size")
-    in_process = chosen.decision.max_batch_size if chosen.decision else result.max_batch_size
-    if published is None or published == in_process:
-        return text
-    why = ("the served search measured it best" if published != result.max_batch_size else
-           "the rules' max for a backend that computes max_batch_size rows per execution, closest to the best at every load")
-    return f"published max_batch_size {published}: {why} (the in-process rule said {in_process}: {text})"
 
 
 @main.command("export-many")
@@ -261,14 +208,7 @@ def backends(device: str, check_imports: bool, precision: str, as_json: bool) ->
     if as_json:
         click.echo(json.dumps({"device": device, "precision": precision, "backends": rows, "tools": tools}, indent=2))
         return
-    width = max(len(r["name"]) for r in rows)
-    for r in rows:
-        state = ("available" + (f" ({r['reason']})" if r["reason"] else "")) if r["available"] else f"unavailable: {r['reason']}"
-        click.echo(f"{r['name']:<{width}}  {r['platform']:<26} {state}")
-    click.echo("validation tools (aitune-export validate):")
-    for t in tools:
-        click.echo(f"  {t['name']:<14} {'found' if t['found'] else 'not usable'}: {t['path'] + ' - ' if t['path'] else ''}{t['reason']}")
-
+    print_backends(rows, tools)
 
 @main.command()
 @click.argument("report", type=click.Path(dir_okay=False))
@@ -371,7 +311,7 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
     if as_json:
         click.echo(json.dumps(record.to_json(), indent=2, default=str))
     else:
-        _print_validation(record)
+        print_validation(record)
     _run_guarded(record.raise_for_status)
 
 
@@ -395,71 +335,21 @@ def serve(ctx: click.Context, repo: str, http_port: int, grpc_port: int, model_c
     Exit status 0 after Ctrl-C/SIGTERM, 1 when the server stops by itself, 2 for bad usage (missing REPO, busy port,
     unsupported scheme).
     """
-    from optimizer.app.serve import ServeRequest, Serving, serve as run_serve, stderr_sink
+    from optimizer.app.serve import ServeRequest, serve as run_serve, stderr_sink
     from optimizer.triton.repository.publish import repository_argument
 
     request = ServeRequest(repo if "://" in repo else str(repository_argument(repo)), http_port, grpc_port, model_control_mode, address, cache_dir)
 
-    def started(serving: Serving) -> None:
-        click.echo(f"tritonserver 2.51 serving {serving.repository} (model control: {serving.model_control_mode})")
-        click.echo(f"HTTP  http://{serving.http_url}")
-        click.echo(f"gRPC  {serving.grpc_url}")
-        for note in serving.notes:
-            click.echo(f"note: {note}")
-        click.echo("Ctrl-C stops it.")
-        sys.stdout.flush()
 
     sink = None if ctx.obj["quiet"] else stderr_sink
-    _run_guarded(lambda: run_serve(request, started, sink))
-
-
-def _print_validation(record: Any) -> None:
-    """The validation record as a few lines and a perf table (the whole record is in validation.json)."""
-    label = " [stand-in backend]" if record.stand_in else ""
-    click.echo(f"validation of {record.model} ({record.platform}) on {record.server}: {record.status}{label}")
-    if record.served_by:
-        click.echo(f"  served by: {record.served_by}")
-    for a in record.answers:
-        against = "the eager reference" if a.compared_with == "reference" else "the config's shapes and dtypes (no reference)"
-        error = f", max abs error {a.max_abs:.3g}" if a.compared_with == "reference" else " (no values compared)"
-        state = f"match {against} in {len(a.cases)} case(s){error}" if a.passed else f"FAIL: {a.error}"
-        click.echo(f"  answers over {a.protocol}: {state}{label}")
-    if record.oversize is not None:
-        o = record.oversize
-        click.echo(f"  batch {o['batch']} (max_batch_size + 1): " + (f"refused: {o['message']}" if o["refused"] else f"ACCEPTED: {o['note']}"))
-    if record.perf and record.perf.get("rows"):
-        click.echo(f"  perf_analyzer ({record.perf['settings']['protocol']}, batch {record.perf['settings']['batch_size']} per request){label}"
-                   + (f", sending {record.traffic}" if record.traffic else "") + ":")
-        click.echo("    concurrency  infer/s   p50 ms   p95 ms   p99 ms  server batch")
-        for r in record.perf["rows"]:
-            batch = f"{r['server_batch']:.2f}" if r.get("server_batch") else "-"
-            rough = "  rough: never settled" if r["concurrency"] in record.perf.get("unstable", []) else ""
-            click.echo(f"    {r['concurrency']:>11}  {r['throughput']:>7.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {batch:>12}{rough}")
-        if record.predictions:
-            each = ", ".join(f"{p['served']:.1f}/{p['predicted']:.1f} at {p['concurrency']}" for p in record.predictions)
-            click.echo(f"  served / predicted at loads the served search did not measure = {record.throughput_ratio:.2f}x ({each}; "
-                       f"{record.predicted_by}: {record.predicted_how})")
-        elif record.throughput_ratio is not None and not record.predicted_concurrency:  # the served search did not run
-            best = max(r["throughput"] for r in record.perf["rows"])
-            click.echo(f"  served best {best:.1f} infer/s; no served prediction (the served search did not run): in-process "
-                       f"{record.predicted_throughput:.1f} samples/s ({record.predicted_by}: {record.predicted_how}) is the model "
-                       f"without the server's per-request cost, {record.throughput_ratio:.2f}x of it served")
-        elif record.throughput_ratio is not None:
-            click.echo(f"  served at concurrency {record.predicted_concurrency} = {record.throughput_ratio:.2f}x the predicted "
-                       f"{record.predicted_throughput:.1f} infer/s ({record.predicted_by}: {record.predicted_how})")
-        if record.repeatability:
-            each = ", ".join(f"{r['ratio']:.2f} at {r['concurrency']} ({r['served']:.1f} vs {r['searched']:.1f}/s)" for r in record.repeatability)
-            click.echo(f"  repeatability (same config, same load as the served search): {each}")
-    for note in record.notes:
-        click.echo(f"  note: {note}")
-    click.echo(f"  record {Path(record.output_dir) / 'validation.json'}")
+    _run_guarded(lambda: run_serve(request, print_serving, sink))
 
 
 def run() -> None:
     """The console script: `main`, then an exit that skips the interpreter's teardown.
 
-    Finalizing the modules torch, onnxruntime and OpenVINO load took 1-2 s of CPU after an export's last line here (0.8 s
-    for `import torch` alone). What must happen at exit still does, in the interpreter's own order: thread and process
+    Finalizing the modules torch, onnxruntime and OpenVINO load costs seconds of CPU after an export's last line. What
+    must happen at exit still does, in the interpreter's own order: thread and process
     pools are shut down and other threads joined (threading._shutdown, which Python's finalization calls), then the
     atexit handlers run (logging, multiprocessing's children and fork server, temporary folders), then os._exit.
     """
@@ -483,7 +373,3 @@ def run() -> None:
         except (OSError, ValueError):  # a closed pipe (`aitune-export ... | head`)
             pass
     os._exit(code or 0)
-
-
-if __name__ == "__main__":
-    run()
