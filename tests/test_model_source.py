@@ -11,7 +11,8 @@ import torch
 from optimizer.errors import ModelLoadError, SignatureError
 from optimizer.model.reference import resolve_signature, run_reference
 from optimizer.model.signature import parse_input_spec
-from optimizer.model.source import default_model_name, load_model
+from optimizer.model.loaded_model import default_model_name
+from optimizer.model.source import load_model
 
 FIX = "tests.fixtures.models"
 

@@ -17,7 +17,8 @@ from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz, save_feeds
 from optimizer.model.signature import Signature
-from optimizer.model.source import LoadedModel, from_module, load_model
+from optimizer.model.loaded_model import LoadedModel
+from optimizer.model.source import from_module, load_model
 from optimizer.model.traffic import traffic_for
 from optimizer.records.served_search import ServedSearch
 from optimizer.records.tune_result import TuneResult

@@ -25,7 +25,7 @@ from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.vocab import Device
 
 if TYPE_CHECKING:
-    from optimizer.model.source import LoadedModel
+    from optimizer.model.loaded_model import LoadedModel
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from optimizer.errors import BackendError
 from optimizer.model.signature import Signature
 
 if TYPE_CHECKING:
-    from optimizer.model.source import LoadedModel
+    from optimizer.model.loaded_model import LoadedModel
 
 log = logging.getLogger(__name__)
 

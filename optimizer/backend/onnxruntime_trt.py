@@ -22,7 +22,7 @@ from optimizer.records.artifact import Artifact
 from optimizer.vocab import Device
 
 if TYPE_CHECKING:
-    from optimizer.model.source import LoadedModel
+    from optimizer.model.loaded_model import LoadedModel
 
 TRT_PROVIDER = "TensorrtExecutionProvider"
 

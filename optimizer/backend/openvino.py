@@ -29,7 +29,7 @@ from optimizer.model.signature import Signature
 from optimizer.records.artifact import Artifact
 
 if TYPE_CHECKING:
-    from optimizer.model.source import LoadedModel
+    from optimizer.model.loaded_model import LoadedModel
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from optimizer.records.artifact import Artifact
 from optimizer.vocab import Device
 
 if TYPE_CHECKING:
-    from optimizer.model.source import LoadedModel
+    from optimizer.model.loaded_model import LoadedModel
 
 _LIBTORCH_OUTPUT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*__\d+$")
 

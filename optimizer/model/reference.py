@@ -24,7 +24,7 @@ from optimizer.model.signature import (
     default_output_names,
     merge_specs,
 )
-from optimizer.model.source import LoadedModel
+from optimizer.model.loaded_model import LoadedModel
 
 log = logging.getLogger(__name__)
 

@@ -1,91 +1,35 @@
-"""MODEL string -> LoadedModel: a module, a TorchScript archive, an ExportedProgram or an ONNX file.
+"""MODEL string -> LoadedModel: which kind of source the string names, and loading it.
 
-A `ModelSource` is plain data so that a child process can load the same model again
-(candidates are built and measured in their own processes).
-
-Over 400 lines because every MODEL form a user can give (callable, file.py:callable, TorchScript,
-.pt2, .onnx, a pickled module) is recognised and loaded here, with one clear error each: splitting
-the forms apart would scatter the one place that says what MODEL may be.
+A callable (package.module:callable or path/to/file.py:callable) and a pickled in-memory module are
+loaded here; a TorchScript archive, a torch.export program and an ONNX file in serialized.py.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
-import logging
 import re
 import sys
-import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from optimizer.errors import ModelLoadError
-
-log = logging.getLogger(__name__)
+from optimizer.model.loaded_model import (
+    LoadedModel,
+    ModelSource,
+    default_model_name,
+    examples_to_numpy,
+    forward_argument_names,
+    forward_optional_names,
+    is_distributed,
+    unwrap_distributed,
+)
+from optimizer.model.serialized import load_exported_program, load_onnx, load_torchscript
 
 DEFAULT_MODEL = "optimizer.examples.cnn:build"
 """The bundled example used when no MODEL is given."""
 
-_GENERIC_CALLABLE_NAMES = frozenset({"build", "make", "make_model", "create", "create_model", "get_model", "model", "main", "load"})
 _TORCHSCRIPT_SUFFIXES = frozenset({".pt", ".pth", ".ts", ".torchscript", ".jit"})
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """How to load the model again, in this process or a child: plain, JSON-serializable data."""
-
-    kind: str  # "callable" | "torchscript" | "exported_program" | "onnx" | "pickled"
-    spec: str  # what the user gave (or the pickled file)
-
-    def to_json(self) -> dict[str, str]:
-        return {"kind": self.kind, "spec": self.spec}
-
-    @classmethod
-    def from_json(cls, d: dict[str, str]) -> ModelSource:
-        return cls(d["kind"], d["spec"])
-
-
-@dataclass
-class LoadedModel:
-    """A loaded model, ready for signature inference and for the backends that consume its format."""
-
-    source: ModelSource
-    name: str
-    module: Any = None  # torch.nn.Module, ScriptModule or the GraphModule of an ExportedProgram
-    onnx_path: Path | None = None
-    forward_names: list[str] = field(default_factory=list)  # forward()'s required positional arguments
-    optional_forward_names: list[str] = field(default_factory=list)  # its positional arguments with defaults, after those
-    example_inputs: dict[str, np.ndarray] | None = None
-    output_names: list[str] = field(default_factory=list)  # known only for ONNX sources (graph outputs)
-    axis_ranges: dict[str, list[tuple[int, int] | None]] | None = None  # ExportedProgram: (min, max) of symbolic dims
-    distributed: bool = False
-
-    @property
-    def format(self) -> str:
-        """"onnx" when only ONNX-consuming backends can use it, "torch" otherwise."""
-        return "onnx" if self.onnx_path is not None else "torch"
-
-    @property
-    def inner_module(self) -> Any:
-        """The module without a DistributedDataParallel / FSDP wrapper."""
-        return unwrap_distributed(self.module)
-
-
-def default_model_name(spec: str) -> str:
-    """A Triton model name from a MODEL string: the callable's name unless generic, else the file or module stem."""
-    if ":" in spec:
-        target, _, attr = spec.rpartition(":")
-        leaf = attr.rsplit(".", 1)[-1]
-        if leaf in _GENERIC_CALLABLE_NAMES:
-            leaf = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
-    else:
-        leaf = Path(spec).stem
-    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", leaf).strip("._-") or "model"
-    return name
 
 
 def load_model(spec: str | None = None) -> LoadedModel:
@@ -128,9 +72,9 @@ def load_source(source: ModelSource) -> LoadedModel:
     """Load a classified source (also used by child processes)."""
     loader = {
         "callable": _load_callable,
-        "torchscript": _load_torchscript,
-        "exported_program": _load_exported_program,
-        "onnx": _load_onnx,
+        "torchscript": load_torchscript,
+        "exported_program": load_exported_program,
+        "onnx": load_onnx,
         "pickled": _load_pickled,
     }[source.kind]
     model = loader(source)
@@ -242,134 +186,11 @@ def _from_result(source: ModelSource, module: Any, examples: Any, name: str) -> 
     module.eval()
     names = forward_argument_names(unwrap_distributed(module))
     optional = forward_optional_names(unwrap_distributed(module))
-    example_np = _examples_to_numpy(examples, names + optional, source.spec) if examples is not None else None
+    example_np = examples_to_numpy(examples, names + optional, source.spec) if examples is not None else None
     if example_np is not None and not names and not optional:
         names = list(example_np)
     return LoadedModel(source=source, name=name, module=module, forward_names=names, optional_forward_names=optional,
                        example_inputs=example_np)
-
-
-def _examples_to_numpy(examples: Any, names: list[str], spec: str) -> dict[str, np.ndarray]:
-    """Example inputs by name, in forward()'s order. `names`: forward()'s positional arguments, optional ones included
-    ([] when forward takes *args): a tuple binds to them as a call would, a dict's keys must be among them."""
-    import torch
-
-    if isinstance(examples, torch.Tensor):
-        examples = (examples,)
-    if isinstance(examples, dict):
-        items = list(examples.items())
-        unknown = [k for k, _ in items if names and k not in names]
-        if unknown:
-            raise ModelLoadError(f"{spec!r} gave example input {unknown[0]!r}, which is not a positional argument of forward() "
-                                 f"(it takes: {', '.join(names)}); name the examples after forward()'s arguments.")
-        if names:
-            items.sort(key=lambda item: names.index(item[0]))  # every backend passes inputs by position
-    elif isinstance(examples, (tuple, list)):
-        if names and len(examples) > len(names):
-            raise ModelLoadError(f"{spec!r} gave {len(examples)} example inputs but forward() takes {len(names)}: {', '.join(names)}.")
-        items = list(zip(names or [f"input__{i}" for i in range(len(examples))], examples))
-    else:
-        raise ModelLoadError(f"{spec!r} gave example inputs of type {type(examples).__name__}; use a tensor, a tuple or a dict of tensors.")
-    out = {}
-    for name, value in items:
-        if not isinstance(value, torch.Tensor):
-            raise ModelLoadError(f"example input {name!r} of {spec!r} is a {type(value).__name__}, not a tensor.")
-        out[name] = value.detach().cpu().numpy() if value.dtype != torch.bfloat16 else value.detach().float().cpu().numpy()
-    return out
-
-
-def _load_torchscript(source: ModelSource) -> LoadedModel:
-    import torch
-
-    path = Path(source.spec)
-    if not zipfile.is_zipfile(path):
-        raise ModelLoadError(f"{source.spec!r} is not a TorchScript archive (not a zip file); save it with torch.jit.save.")
-    try:
-        module = torch.jit.load(str(path), map_location="cpu")
-    except Exception as err:
-        raise ModelLoadError(
-            f"{source.spec!r} is not a TorchScript archive ({type(err).__name__}: {str(err).splitlines()[0]}); "
-            "save it with torch.jit.save, or pass the Python callable that builds the model."
-        ) from err
-    module.eval()
-    names = [a.name for a in module.forward.schema.arguments[1:]]
-    return LoadedModel(source=source, name=default_model_name(source.spec), module=module, forward_names=names)
-
-
-def _load_exported_program(source: ModelSource) -> LoadedModel:
-    import torch
-
-    try:
-        program = torch.export.load(source.spec)
-    except Exception as err:
-        raise ModelLoadError(
-            f"{source.spec!r} is not a torch.export program ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            "save one with torch.export.save (an AOTInductor package cannot be re-optimized)."
-        ) from err
-    from torch.export.graph_signature import InputKind
-
-    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    args, kwargs = program.example_inputs or ((), {})
-    examples = dict(zip(names, args)) | dict(kwargs or {})
-    module = program.module()
-    example_np = _examples_to_numpy(examples, names, source.spec) if examples else None
-    return LoadedModel(
-        source=source,
-        name=default_model_name(source.spec),
-        module=module,
-        forward_names=names,
-        example_inputs=example_np,
-        axis_ranges=_symbolic_ranges(program, names),
-    )
-
-
-def _finite_int(bound: Any, default: int) -> int:
-    """A sympy/torch range bound as an int; `default` for infinity or anything unreadable."""
-    try:
-        value = int(bound)
-    except (TypeError, ValueError, OverflowError, AttributeError):
-        return default
-    return value if abs(value) < 2**31 else default
-
-
-def _symbolic_ranges(program: Any, names: list[str]) -> dict[str, list[tuple[int, int] | None]]:
-    """Per input, per axis: (min, max) of a symbolic (dynamic) dim, None for a static one."""
-    import torch
-
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    user_nodes = [s.arg.name for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    out: dict[str, list[tuple[int, int] | None]] = {}
-    for name, node_name in zip(names, user_nodes):
-        val = placeholders[node_name].meta.get("val")
-        axes: list[tuple[int, int] | None] = []
-        for d in getattr(val, "shape", ()):
-            if isinstance(d, torch.SymInt):
-                vr = program.range_constraints.get(d.node.expr)
-                low = _finite_int(vr.lower if vr is not None else None, 1)
-                high = _finite_int(vr.upper if vr is not None else None, 0)
-                axes.append((max(low, 1), high))
-            else:
-                axes.append(None)
-        out[name] = axes
-    return out
-
-
-def _load_onnx(source: ModelSource) -> LoadedModel:
-    try:
-        import onnx
-    except ImportError as err:
-        raise ModelLoadError(f"reading {source.spec!r} needs the onnx package ({err}); pip install 'aitune-export[onnx]'.") from err
-    path = Path(source.spec)
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as err:
-        raise ModelLoadError(f"{source.spec!r} is not a readable ONNX model ({type(err).__name__}: {err}).") from err
-    initializers = {i.name for i in proto.graph.initializer}
-    names = [i.name for i in proto.graph.input if i.name not in initializers]
-    outputs = [o.name for o in proto.graph.output]
-    return LoadedModel(
-        source=source, name=default_model_name(source.spec), onnx_path=path.resolve(), forward_names=names, output_names=outputs
-    )
 
 
 def _load_pickled(source: ModelSource) -> LoadedModel:
@@ -377,85 +198,3 @@ def _load_pickled(source: ModelSource) -> LoadedModel:
 
     payload = torch.load(source.spec, weights_only=False)
     return _from_result(source, payload["module"], payload["example_inputs"], type(payload["module"]).__name__.lower())
-
-
-def _forward_parameters(module: Any) -> list[inspect.Parameter]:
-    """forward()'s parameters as Python declares them; [] when it has no readable signature."""
-    try:
-        return list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return []
-
-
-def forward_optional_names(module: Any) -> list[str]:
-    """forward()'s positional arguments that have defaults, in order, after the required ones (Hugging Face models take
-    every input this way: `forward(self, input_ids=None, attention_mask=None, ...)`). An input the user gives among
-    them is passed by position like the required ones; [] for TorchScript and when forward takes *args first."""
-    import torch
-
-    if isinstance(module, torch.jit.ScriptModule):
-        return []
-    params = _forward_parameters(module)
-    names = []
-    for p in params:
-        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            break
-        if p.default is not p.empty:
-            names.append(p.name)
-    return names
-
-
-def forward_argument_names(module: Any) -> list[str]:
-    """Names of forward()'s positional tensor arguments; [] when forward takes *args."""
-    import torch
-
-    if isinstance(module, torch.jit.ScriptModule):
-        return [a.name for a in module.forward.schema.arguments[1:]]
-    params = _forward_parameters(module)
-    names = []
-    for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            return names if names else []
-        if p.default is not p.empty:
-            break  # optional arguments keep their defaults
-        names.append(p.name)
-    return names
-
-
-def _wrapper_types() -> tuple[type, ...]:
-    """DistributedDataParallel and FSDP, where this torch build has them."""
-    types: list[type] = []
-    try:
-        from torch.nn.parallel import DistributedDataParallel
-
-        types.append(DistributedDataParallel)
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        types.append(FullyShardedDataParallel)
-    except ImportError:  # torch built without distributed support
-        pass
-    return tuple(types)
-
-
-def unwrap_distributed(module: Any) -> Any:
-    """The user's module inside a DistributedDataParallel / FSDP wrapper (itself otherwise)."""
-    if module is not None and isinstance(module, _wrapper_types()):
-        return module.module
-    return module
-
-
-def is_distributed(module: Any) -> bool:
-    """True for a DDP- or FSDP-wrapped module, or one that holds DTensor parameters."""
-    if module is None:
-        return False
-    import torch
-
-    if isinstance(module, _wrapper_types()):
-        return True
-    if not isinstance(module, torch.nn.Module):
-        return False
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
-    return any(isinstance(p, DTensor) for p in module.parameters())

@@ -9,7 +9,7 @@ from typing import Any
 
 from optimizer.events import EventSink, ignore
 from optimizer.model.signature import Signature
-from optimizer.model.source import LoadedModel
+from optimizer.model.loaded_model import LoadedModel
 from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.correctness import Tolerance
 from optimizer.records.reference_set import ReferenceSet

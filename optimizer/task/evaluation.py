@@ -25,7 +25,8 @@ from optimizer.backend import backend_named
 from optimizer.errors import SettingsError, first_line
 from optimizer.model.samples import load_feeds, tile_feed
 from optimizer.model.signature import Signature
-from optimizer.model.source import LoadedModel, ModelSource, load_source
+from optimizer.model.loaded_model import LoadedModel, ModelSource
+from optimizer.model.source import load_source
 from optimizer.records.accuracy import AccuracyBudget
 from optimizer.records.candidate import Candidate
 from optimizer.records.correctness import CorrectnessReport, tolerances_from_json

@@ -14,7 +14,7 @@ from optimizer.errors import SignatureError
 from optimizer.model.reference import run_reference
 from optimizer.model.samples import Feed, correctness_points, generate_feed, save_feeds, tile_feed
 from optimizer.model.signature import Signature
-from optimizer.model.source import LoadedModel
+from optimizer.model.loaded_model import LoadedModel
 from optimizer.model.traffic import Traffic
 from optimizer.records.reference_set import ReferenceSet
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Sequence
 
 from optimizer.backend import BACKENDS, Backend, backend_named
 from optimizer.errors import SettingsError
-from optimizer.model.source import is_distributed
+from optimizer.model.loaded_model import is_distributed
 from optimizer.tune_strategy.tune_strategy import TuneStrategy
 from optimizer.vocab import Device
 
