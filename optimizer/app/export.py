@@ -91,8 +91,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     # 2. load
     on_event(Event("load", "start", message=settings.model or "bundled example"))
     model = _load(settings, module, example_inputs)
-    name = settings.name if settings.name is not None else model.name
-    check_model_name(name)
+    name = settings.name if settings.name is not None else check_model_name(model.name)  # plan_run checked --name
     check_target(plan.repository, name, settings.version, settings.overwrite, settings.io_names)
     report_dir = report_dir_for(settings, name)
     on_event(Event("load", "done", message=f"{model.name} ({model.format})", elapsed_s=time.perf_counter() - t0))

@@ -9,7 +9,7 @@ from optimizer.machine import cache_root
 from optimizer.records.report_file import read_report
 from optimizer.records.served_search import ServedSearch
 from optimizer.triton.repository.publish import PublishOptions, check_options, publish, repository_argument
-from optimizer.triton.repository.atomic import Published
+from optimizer.triton.repository.atomic import Published, check_model_name
 
 
 def republish(report: Path, repository: Path | str | None = None, name: str | None = None, version: int | None = None,
@@ -38,5 +38,6 @@ def republish(report: Path, repository: Path | str | None = None, name: str | No
         cache_dir=cache_root(settings.cache_dir),
         io_names=settings.io_names,
     )
+    check_model_name(options.name)
     check_options(options)
     return publish(result, options)

@@ -35,7 +35,6 @@ from optimizer.errors import OptimizerError, PublishError, SettingsError
 from optimizer.records.triton_platforms import PLATFORMS
 from optimizer.records.triton_releases import DEFAULT_RELEASE
 from optimizer.triton.repository.model_analyzer import to_yaml
-from optimizer.triton.repository.atomic import check_model_name
 
 if TYPE_CHECKING:
     from optimizer.triton.repository.atomic import Published
@@ -216,9 +215,9 @@ def inference_service(repository: str | Path, model_name: str, config: Mapping[s
     object-storage URI) with KServe's Triton runtime at `release` (None: DEFAULT_RELEASE).
 
     Raises PublishError for the two mistakes (see the module docstring) and SettingsError for a release not YY.MM.
-    `cores` (None: this machine's) counts only for a CPU model whose config sets no thread count.
+    `cores` (None: this machine's) counts only for a CPU model whose config sets no thread count. `model_name` is a
+    published model's folder name, checked before it was published.
     """
-    check_model_name(model_name)
     version = runtime_version(release or default_release())
     storage = storage_location(repository)
     if storage.placeholder:

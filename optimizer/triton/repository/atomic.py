@@ -342,7 +342,8 @@ def publish_model(repository: Path, name: str, build: Callable[[RepositoryState]
                   overwrite: bool) -> Published:
     """Place a model atomically. `build` runs under the lock with the repository's state and may raise (nothing is
     written then). Without --version or --overwrite an existing model is left alone. A failed write (a full disk)
-    is a PublishError; the staging folder goes, the repository stays as it was."""
+    is a PublishError; the staging folder goes, the repository stays as it was. `name` is one path component: the caller
+    checked it with check_model_name where it entered (app/), or where it was derived (publish.py's positional model)."""
     try:
         return _publish_model(repository, name, build, version, overwrite)
     except OSError as err:
@@ -354,7 +355,6 @@ def publish_model(repository: Path, name: str, build: Callable[[RepositoryState]
 
 def _publish_model(repository: Path, name: str, build: Callable[[RepositoryState], ModelFiles], version: int | None,
                    overwrite: bool) -> Published:
-    check_model_name(name)
     check_repository(repository)
     repository.mkdir(parents=True, exist_ok=True)  # the only change before the swap: an empty repository folder
     repo = repository.resolve()

@@ -59,8 +59,10 @@ class PublishOptions:
 
 
 def check_options(options: PublishOptions) -> None:
-    """Reject a bad name or repository before any tuning work starts (an s3:// bucket must answer with these credentials)."""
-    check_model_name(options.name)
+    """Reject a bad repository before any tuning work starts (an s3:// bucket must answer with these credentials).
+
+    The caller checked `options.name` where it entered (app/plan.py, app/republish.py).
+    """
     url = store_url(options.repository)
     if url is None:
         check_repository(Path(options.repository))
@@ -72,7 +74,11 @@ def check_options(options: PublishOptions) -> None:
 
 def check_target(repository: Path | str, name: str, version: int | None, overwrite: bool, io_names: str = "names") -> None:
     """Before tuning: publishing `name` would not be refused (the no-clobber rule), in a folder or in object storage; with
-    --io-names names, neither would the positional model a torch-aoti winner is published under (front.inner_name)."""
+    --io-names names, neither would the positional model a torch-aoti winner is published under (front.inner_name).
+
+    The caller checked `name` (app/export.py). The positional model's name is derived here; object storage checks it now,
+    a folder when that model is published (_publish_behind_front).
+    """
     names = [name, inner_name(name)] if io_names == "names" else [name]
     url = store_url(repository)
     for each in names:
@@ -81,6 +87,8 @@ def check_target(repository: Path | str, name: str, version: int | None, overwri
             continue
         from optimizer.triton.repository.object_store.upload import check_store_target
 
+        if each != name:
+            check_model_name(each)
         check_store_target(parse_location(url), each, version, overwrite)
 
 
@@ -242,7 +250,7 @@ def _publish_behind_front(result: TuneResult, options: PublishOptions, files: di
 
     The ensemble is rendered and checked once before anything is written, so a rule it breaks leaves the repository as it was.
     """
-    inner = check_model_name(inner_name(options.name))
+    inner = check_model_name(inner_name(options.name))  # derived from the checked public name, and longer: checked here
     artifact = result.selected_candidate.artifact
 
     def front_for(inner_text: str, state: RepositoryState) -> str:

@@ -47,7 +47,7 @@ from optimizer._version import __version__
 from optimizer.errors import PublishError, TemplateError
 from optimizer.triton.repository.object_store.client import ObjectStore
 from optimizer.triton.repository.object_store.location import StoreLocation
-from optimizer.triton.repository.atomic import ModelFiles, Published, RepositoryState, check_free, check_model_name, publish_model
+from optimizer.triton.repository.atomic import ModelFiles, Published, RepositoryState, check_free, publish_model
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ def read_model(store: ObjectStore, name: str) -> StoredModel:
 
 
 def check_store_target(location: StoreLocation, name: str, version: int | None, overwrite: bool) -> None:
-    """Before tuning: the bucket is reachable with these credentials, and publishing `name` would not be refused."""
-    check_model_name(name)
+    """Before tuning: the bucket is reachable with these credentials, and publishing `name` (checked by the caller,
+    publish.check_target) would not be refused."""
     store = ObjectStore(location)
     store.check()
     stored = read_model(store, name)
@@ -191,9 +191,8 @@ def publish_to_store(location: StoreLocation, name: str, build: Callable[[Reposi
 
     `build` renders the model for the stored state, exactly as for a local repository; the model is assembled with the local
     publisher into the folder `staging`, which stays (Model Analyzer reads it); None: a temporary folder, removed afterwards
-    (and None is returned for it).
+    (and None is returned for it). `name` was checked by the caller (publish.py), as for a local repository.
     """
-    check_model_name(name)
     store = ObjectStore(location)
     store.check()
     stored = read_model(store, name)
