@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.app.plan import plan_run
-from optimizer.errors import ConfigRuleError, Interrupted, NoCandidateError, PublishError, ServerError, SettingsError, TemplateError
+from optimizer.errors import (
+    ConfigRuleError,
+    Interrupted,
+    NoCandidateError,
+    OptimizerError,
+    PublishError,
+    ServerError,
+    SettingsError,
+    TemplateError,
+)
 from optimizer.events import Event, EventSink, ignore
 from optimizer.model.reference import resolve_signature
 from optimizer.model.samples import batch_sizes_of, load_npz, save_feeds
@@ -137,45 +146,27 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     )
     result = strategy.tune(ctx)
     result.traffic = traffic.summary(signature).to_json()
-    broken = next((c for c in result.candidates if c.stage == "accuracy_check"), None)
-    if broken is not None:  # the user's check failed on a candidate's outputs: nothing is published
-        write_report(report_dir / "report.json", result, settings)
-        raise SettingsError(broken.reason)
-    result.model_name = name
     report_path = report_dir / "report.json"
-    if result.interrupted:
-        write_report(report_path, result, settings)
-        raise Interrupted(f"interrupted; candidate processes were stopped, the repository was not changed, partial results are in {report_path}.")
-    if result.selected is None:
-        write_report(report_path, result, settings)
-        write_report_files(report_path)
-        raise NoCandidateError(_no_candidate_message(result, report_path))
+    stop = _stop_after_tuning(result, name, report_path)
 
-    # 5. serve search, publish, then report
-    options = PublishOptions(plan.repository, name, settings.version, settings.overwrite, settings.warmup,
-                             Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
-                             cache_dir=plan.cache_root, io_names=settings.io_names)
-    try:
-        _padded_max_for_every_load(result, settings)  # the rules' point: what is published when no search runs, and where one starts
-        search = _serve_search(settings, plan, result, options, work, on_event)
-        if search.status == "searched" and search.candidate:
-            _served_choice_of_other_kind(result, search)
-        point = replace(search.chosen, candidate="") if search.status == "searched" and search.chosen is not None else None
-        options = replace(options, served_search=search, operating_point=point)
-        on_event(Event("publish", "start", result.selected))
-        published = publish(result, options)
-    except (PublishError, TemplateError, ConfigRuleError):  # the tuning results are kept in the report
-        write_report(report_path, result, settings)
-        write_report_files(report_path)
-        raise
-    on_event(Event("publish", "done", result.selected, f"{published.model_dir} version {published.version}"))
-    from optimizer.fleet.manifests import (
-        record_manifests,  # kserve/inferenceservice.yaml beside the report
-    )
+    # 5. serve search and publish (unless tuning ended the run), then the report, written once for every outcome
+    published: Published | None = None
+    if stop is None:
+        options = PublishOptions(plan.repository, name, settings.version, settings.overwrite, settings.warmup,
+                                 Path(settings.template_dir) if settings.template_dir else None, report_dir=report_dir,
+                                 cache_dir=plan.cache_root, io_names=settings.io_names)
+        try:
+            search, published = _search_and_publish(result, settings, plan, options, work, on_event)
+        except (PublishError, TemplateError, ConfigRuleError) as err:  # the tuning results are kept in the report
+            stop = _Stop(err, render=True)
+        else:
+            on_event(Event("publish", "done", result.selected, f"{published.model_dir} version {published.version}"))
+            from optimizer.fleet.manifests import record_manifests
 
-    record_manifests(report_dir, published, settings.triton_release)
-    write_report(report_path, result, settings, published)
-    rendered = write_report_files(report_path)  # report.md and the plots, beside report.json
+            record_manifests(report_dir, published, settings.triton_release)  # kserve/inferenceservice.yaml beside the report
+    rendered = _write_report(report_path, result, settings, published, render=stop is None or stop.render)
+    if stop is not None:
+        raise stop.error
     on_event(Event("report", "done", message=f"{report_path} (+ {', '.join(p.name for p in [rendered.markdown, *rendered.plots.values()])})"))
     validation = None
     if settings.validate:  # 6. prove it in a real Triton (validation.json beside report.json)
@@ -185,6 +176,49 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
                               on_event=on_event, cache_dir=plan.cache_root, protocol=search.protocol or "http")  # like the search
         write_report_files(report_path)  # again, now with the validation section
     return ExportOutcome(result, published, report_path, validation)
+
+
+@dataclass
+class _Stop:
+    """Why a tuned run publishes nothing: the error the export raises once the report is written, and whether report.md
+    and the plots are rendered for it (not for a failed accuracy check or an interruption)."""
+
+    error: OptimizerError
+    render: bool
+
+
+def _stop_after_tuning(result: TuneResult, name: str, report_path: Path) -> _Stop | None:
+    """A failed accuracy check, an interruption or no publishable candidate ends the run (None: publish). Once the
+    accuracy check passed, the result takes the published name `name`."""
+    broken = next((c for c in result.candidates if c.stage == "accuracy_check"), None)
+    if broken is not None:  # the user's check failed on a candidate's outputs: nothing is published
+        return _Stop(SettingsError(broken.reason), render=False)
+    result.model_name = name
+    if result.interrupted:
+        return _Stop(Interrupted(f"interrupted; candidate processes were stopped, the repository was not changed, partial results are in {report_path}."),
+                     render=False)
+    if result.selected is None:
+        return _Stop(NoCandidateError(_no_candidate_message(result, report_path)), render=True)
+    return None
+
+
+def _search_and_publish(result: TuneResult, settings: ExportSettings, plan: Any, options: PublishOptions, work: Path,
+                        on_event: EventSink) -> tuple[ServedSearch, Published]:
+    """The served search from the rules' operating point, then the model published at the point it chose."""
+    _padded_max_for_every_load(result, settings)  # the rules' point: what is published when no search runs, and where one starts
+    search = _serve_search(settings, plan, result, options, work, on_event)
+    if search.status == "searched" and search.candidate:
+        _served_choice_of_other_kind(result, search)
+    point = replace(search.chosen, candidate="") if search.status == "searched" and search.chosen is not None else None
+    options = replace(options, served_search=search, operating_point=point)
+    on_event(Event("publish", "start", result.selected))
+    return search, publish(result, options)
+
+
+def _write_report(report_path: Path, result: TuneResult, settings: ExportSettings, published: Published | None, render: bool) -> Any:
+    """The one writer of report.json, for every way a tuned run ends; report.md and the plots beside it when `render`."""
+    write_report(report_path, result, settings, published)
+    return write_report_files(report_path) if render else None
 
 
 def _padded_max_for_every_load(result: TuneResult, settings: ExportSettings) -> None:
