@@ -18,6 +18,7 @@ from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile, MaxBatchDecision
 from optimizer.records.served_search import ServedSearch
 from optimizer.task.core_share import PROBE_LONGEST_S, CoreShare, probe
+from optimizer.task.cpu_load import Reading
 from optimizer.task.load_watch import LoadWatch
 from optimizer.task.find_max_batch_size import scaled_for_cores
 from optimizer.task.profiling import ContentionMeter
@@ -78,7 +79,7 @@ def test_the_load_watch_counts_other_processes_and_not_our_own_children():
 
 def _watched(monkeypatch, reads: list[tuple[float, int, int]]) -> LoadWatch:
     """A LoadWatch fed these readings (time, the machine's busy ticks, our tree's ticks), one per sample."""
-    it = iter(reads)
+    it = iter(Reading(*r) for r in reads)
     watch = LoadWatch()
     monkeypatch.setattr(watch, "_read", lambda: next(it))
     watch._last = watch._read()

@@ -175,10 +175,10 @@ def test_a_load_that_does_not_fall_is_waited_for_once_per_process(monkeypatch):
 def test_a_measurement_reports_the_load_in_the_windows_it_reports(monkeypatch):
     """Others' share is read over the windows whose latencies are reported, not the whole measurement: a burst that
     fills the last windows after quiet ones is seen whole (it was diluted to 0.2-0.3 and never retaken)."""
-    from optimizer.task import profiling
+    from optimizer.task import cpu_load, profiling
 
     clock = {"t": 0.0, "others": 0, "own": 0}
-    tick = profiling.os.sysconf("SC_CLK_TCK")
+    tick = cpu_load.clock_ticks()
 
     def run():  # one inference: 10 ms of this process's one core; from the 41st, another process takes as long again
         clock["n"] = clock.get("n", 0) + 1
@@ -188,7 +188,7 @@ def test_a_measurement_reports_the_load_in_the_windows_it_reports(monkeypatch):
         clock["others"] += 0.01 * tick if burst else 0
 
     monkeypatch.setattr(profiling, "available_cores", lambda: [0])
-    monkeypatch.setattr(profiling, "read_cpu_busy", lambda: {0: int(clock["others"] + clock["own"])})
+    monkeypatch.setattr(cpu_load, "read_cpu_busy", lambda: {0: int(clock["others"] + clock["own"])})
     monkeypatch.setattr(profiling, "own_ticks", lambda: int(clock["own"]))
     monkeypatch.setattr(profiling.time, "perf_counter", lambda: clock["t"])
     monkeypatch.setattr(profiling.time, "perf_counter_ns", lambda: int(clock["t"] * 1e9))

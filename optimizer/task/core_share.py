@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from optimizer.machine import available_cores
+from optimizer.task.cpu_load import clock_ticks, own_ticks, read_cpu_busy
 
 log = logging.getLogger(__name__)
 
@@ -87,26 +88,6 @@ class CoreShare:
         return cls(tuple(d["cores"]), tuple(d["available"]), float(d["others_busy"]))
 
 
-def read_cpu_busy() -> dict[int, int] | None:
-    """Busy clock ticks per CPU since boot (all but idle and iowait), from /proc/stat; None off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            lines = [line.split() for line in f if line.startswith("cpu") and line[3:4].isdigit()]
-        return {int(p[0][3:]): sum(map(int, p[1:])) - int(p[4]) - (int(p[5]) if len(p) > 5 else 0) for p in lines}
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def own_ticks() -> int | None:
-    """utime + stime of this process, in clock ticks."""
-    try:
-        with open("/proc/self/stat") as f:
-            parts = f.read().rsplit(")", 1)[1].split()
-        return int(parts[11]) + int(parts[12])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _taken(others: float, available: int) -> int:
     return min(int(others + (1.0 - TAKEN)), available - 1)
 
@@ -129,7 +110,7 @@ def probe(seconds: float = PROBE_S, longest: float = PROBE_LONGEST_S) -> CoreSha
         now = (read_cpu_busy(), own_ticks(), time.monotonic())
         if last[0] is None or now[0] is None:
             return CoreShare(available, available, 0.0)
-        ticks = (now[2] - last[2]) * os.sysconf("SC_CLK_TCK")
+        ticks = (now[2] - last[2]) * clock_ticks()
         busy = {c: max(0.0, min(1.0, (now[0].get(c, 0) - last[0].get(c, 0)) / ticks)) for c in available}
         others = max(0.0, sum(busy.values()) - ((now[1] or 0) - (last[1] or 0)) / ticks)
         if quietest is None or others < quietest[0]:

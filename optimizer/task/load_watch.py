@@ -3,46 +3,25 @@
 core_share.probe looks once, before measuring begins. Real background load comes and goes (a build step, another
 job's bursts): on a machine that was quiet at the probe, a 2 s burst that lands in one variant's window makes that
 variant look slower than its neighbours, and the search publishes whichever variant the bursts missed
-(benchmarks/noisy_choice.py, issue 27: 0.77-0.82x of the quiet choice under 2 s on / 3 s off bursts). A watch samples
-/proc/stat beside the measurement and subtracts this process tree's own CPU (the server, its backends' stubs and
+(benchmarks/noisy_choice.py, issue 27: 0.77-0.82x of the quiet choice under 2 s on / 3 s off bursts). A watch reads
+others' CPU (cpu_load.py) beside the measurement with this process tree as our own (the server, its backends' stubs and
 perf_analyzer are children), so what remains is other processes' load. In-process measurement has the same guard
 with its own process's CPU (task/profiling.py: ContentionMeter, measure_settled).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
 
 from optimizer.machine import available_cores
-from optimizer.task.core_share import read_cpu_busy
+from optimizer.task.cpu_load import Reading, others_cores, read, tree_ticks
 
 SAMPLE_S = 0.25
 STRETCH_SAMPLES = 2
 """Others' load is judged over half-second stretches (two samples): short enough to see a burst inside a 2-3 s
 measurement, long enough that tick rounding (100 Hz: a few ticks per core) stays under 0.1 core."""
-
-
-def tree_ticks() -> int | None:
-    """CPU of this process and every descendant, in clock ticks: live children's own, and finished ones' through their
-    parents' children times (perf_analyzer runs come and go inside a measurement)."""
-    try:
-        import psutil
-
-        me = psutil.Process()
-        procs = [me, *me.children(recursive=True)]
-    except Exception:
-        return None
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except Exception:  # it ended between listing and reading: its parent's children times count it once reaped
-            continue
-        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
-    return int(round(total * os.sysconf("SC_CLK_TCK")))
 
 
 class LoadWatch:
@@ -58,34 +37,30 @@ class LoadWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cores = available_cores()
-        self._last: tuple[float, int, int] | None = None
+        self._last: Reading | None = None
         self._skipped = False  # the last sample was left to the next one (see _sample)
 
-    def _read(self) -> tuple[float, int, int] | None:
-        busy, own = read_cpu_busy(), tree_ticks()
-        if busy is None or own is None:
-            return None
-        return time.monotonic(), sum(busy.get(c, 0) for c in self._cores), own
+    def _read(self) -> Reading | None:
+        return read(self._cores, tree_ticks, time.monotonic)
 
     def _sample(self) -> None:
         now = self._read()
         if now is None or self._last is None:
             self._last = now
             return
-        if now[0] - self._last[0] < self.sample_s / 2:
+        if now.at - self._last.at < self.sample_s / 2:
             # too short to judge (the last sample as the block ends can come a millisecond after the thread's): a tick or
             # two of rounding over a millisecond read as up to 28 cores of others' load on two. Judged with the next.
             return
-        if now[2] < self._last[2] and not self._skipped:
+        if now.own < self._last.own and not self._skipped:
             # our tree's CPU went down: a descendant ended and its parent has not reaped it yet, so its ticks are in no
             # live process's account (read as up to 14.5 cores of "others" on two). Judge this interval with the next.
             self._skipped = True
             return
         self._skipped = False
-        if now[2] >= self._last[2]:
-            ticks = (now[0] - self._last[0]) * os.sysconf("SC_CLK_TCK")
-            self.samples.append(max(0.0, ((now[1] - self._last[1]) - (now[2] - self._last[2])) / ticks))
-            self.times.append(now[0])
+        if now.own >= self._last.own:
+            self.samples.append(max(0.0, others_cores(self._last, now)))
+            self.times.append(now.at)
         self._last = now
 
     def _run(self) -> None:

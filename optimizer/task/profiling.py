@@ -7,7 +7,6 @@ the throughput of the last `stable_windows` windows has a coefficient of variati
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -16,7 +15,7 @@ import numpy as np
 
 from optimizer.machine import available_cores
 from optimizer.records.measurements import BatchProfile
-from optimizer.task.core_share import own_ticks, read_cpu_busy
+from optimizer.task.cpu_load import Reading, others_cores, own_ticks, read
 from optimizer.task.load_watch import wait_for_quiet
 
 
@@ -40,7 +39,7 @@ class ProfileSettings:
 
 
 class ContentionMeter:
-    """Share of the CPU time of the cores this process may run on spent by other processes, from /proc (Linux only).
+    """Share of the CPU time of the cores this process may run on spent by other processes (cpu_load.py; Linux only).
 
     Only those cores count: a run pinned away from another job's busy core (task/core_share.py) is not disturbed by it.
     `mark` closes a stretch (a timed window); `share` judges the last stretches, the ones a measurement reports.
@@ -50,11 +49,8 @@ class ContentionMeter:
         self._cores = available_cores()
         self.marks = [self._read()]
 
-    def _read(self) -> tuple[float, int, int] | None:
-        busy, own = read_cpu_busy(), own_ticks()
-        if busy is None or own is None:
-            return None
-        return time.perf_counter(), sum(busy.get(c, 0) for c in self._cores), own
+    def _read(self) -> Reading | None:
+        return read(self._cores, own_ticks, time.perf_counter)
 
     def mark(self) -> None:
         self.marks.append(self._read())
@@ -62,11 +58,9 @@ class ContentionMeter:
     def share(self, last: int = 0) -> float:
         """Others' share over the last `last` marked stretches (0: since the meter started); 0.0 when unreadable."""
         start, end = self.marks[-(last + 1)] if last and last < len(self.marks) else self.marks[0], self._read()
-        if start is None or end is None or end[0] <= start[0]:
+        if start is None or end is None or end.at <= start.at:
             return 0.0
-        others = (end[1] - start[1]) - (end[2] - start[2])
-        capacity = (end[0] - start[0]) * os.sysconf("SC_CLK_TCK") * len(self._cores)
-        return float(min(max(others / capacity, 0.0), 1.0))
+        return float(min(max(others_cores(start, end) / len(self._cores), 0.0), 1.0))
 
 
 def peak_rss_mb() -> float:
