@@ -293,7 +293,7 @@ def main() -> int:
         try:
             with Lab(export, load, work) as lab:
                 first = lab.measure([emitted], lab.bench.window_ms, "emitted")[0]
-                if first["status"] != "measured":  # once more: perf_analyzer 2.51 has exited 3 here once, with nothing said, on a busy machine
+                if first["status"] != "measured":  # once more: perf_analyzer can exit 3 without a word on a busy machine
                     first = lab.measure([emitted], lab.bench.window_ms, "emitted")[0]
                 if first["status"] != "measured":
                     print(f"served_grid failed: the emitted config could not be measured: {first['reason']}", file=sys.stderr)
