@@ -73,7 +73,7 @@ from optimizer.triton.measure.served_search.objective import Objective  # noqa: 
 
 DELAYS_US = (0, 100, 1000)
 QUICK = {"batches": (1, 2, 4, 8, 16), "instances": (1, 2), "delays": (0, 1000)}
-"""--quick: about 3 minutes on a 2-core machine."""
+"""--quick: a few minutes on a small machine, against the full grid's much longer run."""
 RECHECK = 0.10
 """Every grid point within 10% of the grid's best is measured again: one measurement of a config differs from the next
 by up to 10% on this machine, so any of them may be the real best."""
