@@ -246,7 +246,7 @@ def _row(release: str, triton: Any, tensorrt: Any, ort: str | None, openvino: st
 
 
 _P = _d("3.12", "[P]: build.py switched its apt repository to ubuntu2404 in r24.11; compatibility.md vllm rows give 3.12.3")
-_NOTE4 = "pytorch backend libtorch uncertain (build.py's upstream_container_version default may lag the release); read torch.__version__ inside the image"
+_NOTE4 = "pytorch backend libtorch uncertain (the image may be built on another upstream container than build.py's default); read torch.__version__ inside the image"
 
 RELEASES: MappingProxyType[str, TritonRelease] = MappingProxyType({r.release: r for r in (
     _row("24.10", "2.51.0", None, "1.19.2", "2024.4.0", "12.6.2", _d("3.10", "[P]: compatibility.md vllm row 3.10.12; Ubuntu 22.04 apt repository in build.py r24.10"), "pytorch:24.10", "2.5.0a0+e000cf0ad9"),
@@ -274,10 +274,10 @@ RELEASES: MappingProxyType[str, TritonRelease] = MappingProxyType({r.release: r 
     _row("26.03", "2.67.0", None, "1.24.2", "2026.0.0", _s("13.2", "NGC 26.03 stack"), _P, "pytorch:26.03", _s("2.11.0a0+a6c236b9fd")),
     _row("26.04", "2.68.0", _s("10.16.1"), "1.24.4", "2026.1.0", "13.2.1", _P, "pytorch:26.04", _s("2.12.0a0+0291f960b6")),
     _row("26.05", "2.69.0", _s("10.16.1", "weak"), "1.24.4", "2026.1.0", "13.2.1", _P,
-         _d("pytorch:26.04", "build.py r26.05 upstream_container_version default (uncertain: the default may lag the release)"),
+         _d("pytorch:26.04", "build.py r26.05 upstream_container_version default (uncertain: the image may be built on another upstream container)"),
          _u(f"2.12.0a0+0291f960b6 or 2.12.0a0+5aff3928d8: {_NOTE4}")),
     _row("26.06", "2.70.0", _s("11.0.0.114", "TensorRT 11 from 26.06: server commit d898a0fe"), "1.24.4", "2026.2.0", "13.3.0", _P,
-         _d("pytorch:26.05", "build.py r26.06 upstream_container_version default (uncertain: the default may lag the release)"),
+         _d("pytorch:26.05", "build.py r26.06 upstream_container_version default (uncertain: the image may be built on another upstream container)"),
          _u(f"2.12.0a0+5aff3928d8 or 2.13.0a0+8145d630e8: {_NOTE4}")),
     _row("26.07", "2.71.0", _d("11", "TensorRT 11 from 26.06 (server commit d898a0fe; ORT 1.27 is the first to support TensorRT 11); "
                                      "the exact 26.07 build is unconfirmed"),
