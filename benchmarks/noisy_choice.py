@@ -22,7 +22,7 @@ The numbers:
   ratios over the blocks (mean +- t(0.95, n-1) * sd / sqrt(n), exponentiated; one block: no interval);
 - per model and load: min_ratio = the lowest run ratio, ratio_lo/ratio_hi = that worst run's 90% interval;
   same_choice = runs whose published backend matches the quiet one with a max batch within one power of two
-  (the old benchmark's agreement, kept as a secondary column). A failed export or serving counts as ratio 0.
+  (a coarse agreement, kept as a secondary column). A failed export or serving counts as ratio 0.
 
 Usage: .venv/bin/python benchmarks/noisy_choice.py [--runs 3] [--models cnn,transformer] [--pairs 4] [--window-ms 1000]
        [--burst-on 2] [--burst-off 3] [--spin-cores 1] [--concurrency N] [--keep] [-- EXTRA EXPORT ARGS]
@@ -181,7 +181,7 @@ def seen(run: Run) -> str:
 
 
 def same_choice(run: Run, quiet: Run) -> bool:
-    """The old agreement: same backend, max batch within one power of two (0.5x to 2x); a failed run never agrees."""
+    """The coarse agreement: same backend, max batch within one power of two (0.5x to 2x); a failed run never agrees."""
     if not run.ok or not quiet.ok or run.backend != quiet.backend:
         return False
     if quiet.max_batch <= 0 or run.max_batch <= 0:

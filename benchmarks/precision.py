@@ -78,8 +78,9 @@ def samples_for(spec: str, extra: list[str], path: Path) -> Path:
 
 def export(spec: str, extra: list[str], root: Path, int8: bool, concurrency: int, precision: str = "auto", name: str = "reduced") -> dict:
     """One export into root/repo/NAME. Without --int8 the served search runs for the benchmark's load, so each side is
-    served in the config the tool publishes for it: the rules' config alone put the bundled transformer's OpenVINO
-    winner at max_batch_size 128 (its in-process peak), which the openvino backend pads every execution to. --int8 republishes the best INT8 candidate from the result, so its exports keep the rules' configs."""
+    served in the config the tool publishes for it: the rules' config alone can put an OpenVINO winner at its in-process
+    peak, a large max_batch_size that the openvino backend pads every execution to. --int8 republishes the best INT8
+    candidate from the result, so its exports keep the rules' configs."""
     report = root / ("report" if name == "reduced" else f"report-{name}")
     search = ["--serve-search", "off"] if int8 else ["--concurrency", str(concurrency)]
     cmd = [sys.executable, "-m", "optimizer.cli", "-q", "export", spec, *extra, "--repository", str(root / "repo"),

@@ -73,7 +73,7 @@ from optimizer.triton.measure.served_search.objective import Objective  # noqa: 
 
 DELAYS_US = (0, 100, 1000)
 QUICK = {"batches": (1, 2, 4, 8, 16), "instances": (1, 2), "delays": (0, 1000)}
-"""--quick: about 3 minutes on a 2-core machine."""
+"""--quick: a few minutes on a small machine, against the full grid's much longer run."""
 RECHECK = 0.10
 """Every grid point within 10% of the grid's best is measured again: one measurement of a config differs from the next
 by up to 10% on this machine, so any of them may be the real best."""
@@ -293,7 +293,7 @@ def main() -> int:
         try:
             with Lab(export, load, work) as lab:
                 first = lab.measure([emitted], lab.bench.window_ms, "emitted")[0]
-                if first["status"] != "measured":  # once more: perf_analyzer 2.51 has exited 3 here once, with nothing said, on a busy machine
+                if first["status"] != "measured":  # once more: perf_analyzer can exit 3 without a word on a busy machine
                     first = lab.measure([emitted], lab.bench.window_ms, "emitted")[0]
                 if first["status"] != "measured":
                     print(f"served_grid failed: the emitted config could not be measured: {first['reason']}", file=sys.stderr)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, for one NVIDIA GPU, in under 5 minutes: export the bundled examples with --device cuda,
 # print one line per candidate (TensorRT when it imports, otherwise its real reason), then run
-# tests/test_gpu.py. None of the CUDA code of this project has run anywhere else.
+# tests/test_gpu.py. The rest of the suite runs on CPU-only machines: this is where the CUDA code runs.
 #
 #   scripts/gpu_check.sh                 run the check; work files go to $GPU_CHECK_DIR (/tmp/aitune-gpu-check)
 #   scripts/gpu_check.sh --fetch-wheels  on a machine with PyPI: save into .whl/ the wheels an offline GPU

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 CLI = [sys.executable, "-m", "optimizer.cli"]
 # One Inductor cache for every torch-aoti compile of the session, both workers included (Inductor writes it atomically):
-# the bundled models are compiled by several tests, and a warm cache halves the 15-30 s compile. A test that needs a
+# the bundled models are compiled by several tests, and a warm cache makes the slow compile much cheaper. A test that needs a
 # compile to really happen gives its own folder.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".pytest_cache" / "inductor"))
 
@@ -22,10 +22,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".pytest_cache" / "i
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker gets its own share of the cores (and so does everything it starts).
 
-    Why: a worker's export measured beside the other worker's, both on every core, ran its two-thread runtimes in lock
-    step with a busy neighbour: eager batch 1 of the bundled CNN at 11/s against 241/s idle, every measurement retaken
-    and stretched to its time cap (the Docker stage's export took 48 s of tuning, 13 s alone). A worker on its own core
-    measures as a one-core machine would, undisturbed. The serial part runs unpinned: it tests the cores themselves."""
+    Why: a worker's export measured beside the other worker's, both on every core, runs its multi-thread runtimes in
+    lock step with a busy neighbour: its figures fall far below an idle machine's, every measurement is retaken and
+    stretched to its time cap, and the tuning takes several times as long. A worker on its own core measures as a
+    one-core machine would, undisturbed. The serial part runs unpinned: it tests the cores themselves."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
         return

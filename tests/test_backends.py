@@ -18,7 +18,7 @@ from optimizer.task.correctness import compare_outputs
 
 pytestmark = pytest.mark.slow
 
-# torch-aoti (a 10-50 s compile per build) and openvino (CPU-dependent precision) have their own module: test_cpu_backends.py
+# torch-aoti (a slow compile per build) and openvino (CPU-dependent precision) have their own module: test_cpu_backends.py
 PUBLISHED = [n for n, cls in BACKENDS.items() if cls.publishable and "cpu" in cls.devices and n not in ("torch-aoti", "openvino")]
 
 
@@ -77,8 +77,8 @@ def test_torchscript_refuses_output_names_libtorch_cannot_serve(tmp_path):
 
 
 def test_torchscript_saves_nested_and_dict_outputs_flat_as_libtorch_serves_them(tmp_path):
-    """Triton's libtorch backend takes a tensor or a flat tuple of tensors: an LSTM's `out, (h, c)` or a dict once went
-    into model.pt as returned, and the served model failed every request."""
+    """Triton's libtorch backend takes a tensor or a flat tuple of tensors: an LSTM's `out, (h, c)` or a dict saved into
+    model.pt as returned would fail every served request, so model.pt returns them flat, in order."""
     import torch
 
     model = load_model("tests.fixtures.models:nested_outputs")

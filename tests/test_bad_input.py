@@ -122,13 +122,15 @@ def test_a_looser_tolerance_admits_a_candidate_and_is_recorded(in_tmp: Path):
 
 
 def _everything_under(path: Path) -> list[str]:
-    """Every file and folder under path (tree_snapshot sees files only; a refused URL once left an empty folder 'ftp:')."""
+    """Every file and folder under path (tree_snapshot sees files only, and a refused URL must not leave even an empty
+    folder such as 'ftp:')."""
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if ".cache" not in p.relative_to(path).parts)
 
 
 @pytest.mark.parametrize("command", ["export", "publish", "export-many"])
 def test_a_repository_url_triton_cannot_read_is_refused_by_every_command_that_publishes(command: str, in_tmp: Path):
-    """`--repository ftp://host/repo` once published into a local folder named 'ftp:' and exited 0."""
+    """`--repository ftp://host/repo` is refused (exit 2, one line) before anything is written: read as a path, it would
+    publish into a local folder named 'ftp:' and exit 0."""
     url = "ftp://host/repo"
     shutil.copy(FIXTURES / "report_cnn.json", in_tmp / "report.json")
     (in_tmp / "plan.toml").write_text(f'repository = "{url}"\n[models.cnn]\nmodel = "optimizer.examples.cnn:build"\n')

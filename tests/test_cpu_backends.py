@@ -1,7 +1,7 @@
 """AOTInductor (torch-aoti) and OpenVINO: built, checked against eager at every dynamic-axis extreme and two
 batch sizes, and published, through `aitune-export export` and through the backend API.
 
-An AOTInductor compile takes 10-50 s per model on 2 cores, so each model is compiled exactly once: by
+An AOTInductor compile is slow (C++ code generation and g++), so each model is compiled exactly once: by
 one CLI run per model (module-scoped, both candidates), whose artifacts the API-level tests then load,
 check and publish again. OpenVINO builds are cheap and are also built in-process through the API.
 

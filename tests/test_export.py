@@ -71,7 +71,7 @@ def test_bundled_example_end_to_end(in_tmp: Path):
     result = report["result"]
     search = report["published"]["served_search"]
     # the served search decided the operating point (the in-process peak bounded it). The local server serves every CPU winner
-    # (torch_aoti through local_serving.py's translated copy), so it is never skipped here; this was checked only `if` searched.
+    # (torch_aoti through local_serving.py's translated copy), so it is never skipped here: a skipped search fails the test.
     assert search["status"] == "searched", search.get("reason")
     assert config.max_batch_size == search["chosen"]["max_batch_size"] and config.instance_group[0].count == search["chosen"]["instances"]
     assert search["variants"][0]["stage"] == "start" and search["stand_in"]

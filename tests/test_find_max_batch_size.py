@@ -174,7 +174,8 @@ def test_a_load_that_does_not_fall_is_waited_for_once_per_process(monkeypatch):
 
 def test_a_measurement_reports_the_load_in_the_windows_it_reports(monkeypatch):
     """Others' share is read over the windows whose latencies are reported, not the whole measurement: a burst that
-    fills the last windows after quiet ones is seen whole (it was diluted to 0.2-0.3 and never retaken)."""
+    fills the last windows after quiet ones is seen whole (over the whole measurement it would be diluted below
+    busy_share and never retaken)."""
     from optimizer.task import cpu_load, profiling
 
     clock = {"t": 0.0, "others": 0, "own": 0}

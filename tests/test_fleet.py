@@ -37,7 +37,7 @@ serve-search = "off"
 validate = false
 eager-gate = "disabled"
 """
-"""Settings that make one tiny export take about 15 s here: one quick candidate, batch 1 (2 if time allows), no served search."""
+"""Settings that keep one tiny export short: one quick candidate, batch 1 (2 if time allows), no served search."""
 
 
 def _plan(tmp: Path, text: str) -> Path:
@@ -310,7 +310,7 @@ def _two_models(tmp: Path, head: str = "") -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.long  # 74 s; the local executor's tests run the fleet path in CI, make test-long runs Ray
+@pytest.mark.long  # over a minute; the local executor's tests run the fleet path in CI, make test-long runs Ray
 def test_two_models_through_a_local_ray_instance(in_tmp: Path):
     pytest.importorskip("ray")
     plan = _two_models(in_tmp)
@@ -330,7 +330,7 @@ def test_two_models_through_a_local_ray_instance(in_tmp: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.long  # about 2 minutes: two exports on Ray, then a tritonserver per model reading the bucket
+@pytest.mark.long  # minutes: two exports on Ray, then a tritonserver per model reading the bucket
 def test_a_ray_plan_publishes_into_s3_and_tritonserver_answers_both_from_there(in_tmp: Path, s3: MotoS3):
     """Issue 17's target: a two-model plan on a local Ray instance publishes into a loopback s3:// repository, and the
     local tritonserver loads both models straight from the bucket and answers them correctly."""
@@ -471,7 +471,8 @@ def test_a_bad_value_in_any_model_stops_the_plan_before_it_runs(tmp_path: Path, 
 
 
 def test_export_many_refuses_a_bad_value_in_the_second_model_before_the_first_runs(in_tmp: Path):
-    """It once ran the first model's export (minutes) and exited 1 at the end; now: exit 2 at once, nothing written."""
+    """The whole plan is checked first: a bad value in the second model's table is exit 2 at once, in one line, with
+    nothing written, not found after the first model's export (minutes) has run."""
     _plan(in_tmp, f'repository = "repo"\n{QUICK}\n[models.cnn]\nmodel = "optimizer.examples.cnn:build"\n'
                   '[models.encoder]\nmodel = "optimizer.examples.transformer:build"\nmax-batch-size = "lots"\n')
     r = run_cli("export-many", "plan.toml", cwd=in_tmp, timeout=120)

@@ -67,7 +67,7 @@ def _floor(module: str) -> tuple[int, str]:
     parts = module.split(".")
     top = parts[1] if len(parts) > 1 else "__init__"
     if top not in LAYERS:
-        pytest.fail(f"{module}: optimizer/{top} has no floor in tests/test_layers.py LAYERS; give it one (DESIGN.md section 1).")
+        pytest.fail(f"{module}: optimizer/{top} has no floor in tests/test_layers.py LAYERS; give it one (the module docstring draws the layers).")
     return LAYERS[top], top
 
 

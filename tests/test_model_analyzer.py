@@ -86,7 +86,7 @@ def test_the_yaml_states_its_search_and_everything_it_names_exists(in_tmp: Path)
     assert (base / "1").is_symlink() and (base / "1").resolve() == (published.model_dir / "1").resolve()
 
     # local launch mode: Model Analyzer starts the local server through a launcher. The server and perf_analyzer are part of
-    # this environment (a machine without a server: test_without_a_local_tritonserver_...); this was checked only `if` found.
+    # this environment (a machine without a server: test_without_a_local_tritonserver_...), so a missing one fails here.
     assert _local_tritonserver(), "tritonserver (nvidia-pytriton) is part of the project's environment: run make venv"
     assert cfg["triton_launch_mode"] == "local"
     endpoints = [cfg["triton_http_endpoint"], cfg["triton_grpc_endpoint"], cfg["triton_metrics_url"]]
@@ -189,10 +189,10 @@ def _stop_leftovers(token: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.long  # about 80 s (Model Analyzer measures several configs): `make test-long`
+@pytest.mark.long  # over a minute (Model Analyzer measures several configs): `make test-long`
 def test_model_analyzer_runs_the_yaml_as_written_and_measures_more_than_the_published_config(tmp_path: Path):
     """A real export (max batch 4, preferred size 4, warmup at 1 and 4), then `model-analyzer profile -f` on the YAML
-    with only the search's concurrency and instance bounds narrowed on the command line (about 2-3 minutes on 2 cores)."""
+    with only the search's concurrency and instance bounds narrowed on the command line (minutes on a small machine)."""
     binary = _model_analyzer()
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled",
                 "--max-batch-size", "4", "--warmup", "--repository", str(tmp_path / "repo"), "--report-dir",
@@ -202,7 +202,7 @@ def test_model_analyzer_runs_the_yaml_as_written_and_measures_more_than_the_publ
     _, cfg = _load(path)
     served_text = (tmp_path / "repo" / "mlp" / "config.pbtxt").read_text()
     served = parse(served_text)
-    assert max(served.dynamic_batching.preferred_batch_size) > 1  # MA 1.58 used to call max_batch_size 1 "illegal"
+    assert max(served.dynamic_batching.preferred_batch_size) > 1  # Model Analyzer calls a max below it "illegal" and stops
     assert cfg["triton_launch_mode"] == "local", "nvidia-pytriton is part of the test install"
 
     token = cfg["triton_server_flags"]["backend-config"].split("=")[-1]

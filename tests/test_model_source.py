@@ -204,8 +204,8 @@ def test_state_dict_is_not_torchscript(tmp_path: Path):
 
 
 def test_a_scalar_in_a_non_batching_model_is_refused_with_the_signature():
-    """Triton refuses a scalar tensor without batching; it was found only when publishing, after every candidate had
-    been built and measured (40 s here), though the signature shows it."""
+    """Triton refuses a scalar tensor without batching; the signature shows it, so it is refused there, before any
+    candidate is built and measured, not when publishing."""
     m = load_model("tests.fixtures.models:returns_scalar")
     with pytest.raises(SignatureError, match=r"tensor 'output__1' is a scalar in a non-batching model.*reshape\(1\)"):
         resolve_signature(m, batching=False)

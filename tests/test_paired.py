@@ -25,7 +25,7 @@ def _decided(leader: str, rounds: dict[str, list[float]]) -> PairedComparison:
 
 def test_inside_a_tie_the_faster_one_is_kept_not_the_order():
     """ONNX Runtime is 12.5% slower in four of six rounds (a median of 0.875x); two bursts make its interval include 1.
-    The old rule called that a tie and published ONNX Runtime by the order; speed decides now."""
+    Speed decides, not the order: an interval that includes 1 is no reason to publish the slower backend."""
     c = _decided(AOTI, {AOTI: [100.0] * 6, ORT: [125, 85, 88, 86, 87, 120]})
     low, high = c.ratios[ORT][1:]
     assert low < 1.0 < high  # a tie by the interval
@@ -43,7 +43,8 @@ def test_a_preferred_backend_more_than_5_percent_slower_is_never_published():
 
 
 def test_a_challenger_faster_by_its_median_is_kept_even_when_its_interval_includes_1():
-    """torch-aoti 25-30% faster in half the rounds, 3-5% slower in the others: the old tie rule kept the leader, ONNX Runtime."""
+    """torch-aoti 25-30% faster in half the rounds, 3-5% slower in the others: its median decides, so the leader, ONNX
+    Runtime, is not kept on a tie by the interval."""
     c = _decided(ORT, {ORT: [100.0] * 6, AOTI: [130, 95, 125, 97, 128, 96]})
     assert c.ratios[AOTI][1] < 1.0 < c.ratios[AOTI][2]
     assert c.winner == AOTI and c.verdict == "challenger" and "the faster one is kept" in c.summary
@@ -93,8 +94,8 @@ def test_only_candidates_within_the_margin_are_re_measured():
 def test_an_artifact_against_itself_is_a_tie_in_a_real_paired_measurement(in_tmp: Path):
     """Two names for one ONNX Runtime artifact, timed alternately in a real child process: never a win.
 
-    Serial: its 0.1 s rounds bound the A/A ratio at 0.8-1.25, and beside another test worker on 2 cores a fresh-clone run
-    measured 1.276."""
+    Serial: its 0.1 s rounds bound the A/A ratio at 0.8-1.25, which another test worker measuring on the same cores can
+    push outside."""
     import json
 
     from optimizer.records.candidate import Candidate

@@ -1,8 +1,8 @@
 """The served search's answer check judges a winner by the measure it passed in-process (no server needed).
 
-A bf16 OpenVINO winner of a small BERT (cosine 0.99977 in-process) answered the served start check with a max abs error
-of 0.1: held to elementwise tolerances, the search refused it as "answers are wrong" and was skipped, while `validate`
-of the same repository passed it by the accuracy gate."""
+A bf16 or INT8 winner passed the accuracy gate in-process, not the elementwise tolerances: held to those at the served
+start check, the search would refuse it as "answers are wrong" and be skipped, while `validate` of the same repository
+passes it by the accuracy gate. Both judge it by the gate."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def test_an_fp32_winner_is_held_to_the_elementwise_tolerances(monkeypatch, tmp_p
 
 
 def test_a_config_published_after_wrong_served_answers_carries_a_warning(monkeypatch, tmp_path: Path):
-    """The local server answered the start variant wrongly, the search was skipped and the in-process rules were
-    published with exit 0 and no warning: only a 'served search skipped' line said why."""
+    """When the local server answers the start variant wrongly, the search is skipped and the in-process rules are
+    published with a warning that says so and names `aitune-export validate`, not only a 'served search skipped' line;
+    a search skipped for another reason adds no such warning."""
     from types import SimpleNamespace
 
     import optimizer.triton.measure.served_search as served

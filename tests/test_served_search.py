@@ -197,7 +197,7 @@ def test_with_no_load_every_variant_climbs_one_ladder_until_throughput_stops_gro
 
 
 def test_with_no_load_the_variant_closest_to_the_best_at_every_load_wins_over_the_highest_peak():
-    # what the bundled CNN's OpenVINO export measured: a large max (padded to it) peaks higher at 64 but serves
+    # the shape of a padding backend's curves: a large max (padded to it) peaks higher at 64 but serves
     # far less at 4 and 16; a small max is never far from the best
     padded = [level(4, 200.0), level(16, 500.0), level(64, 1075.0)]
     small = [level(4, 700.0), level(16, 950.0), level(64, 960.0)]
@@ -279,7 +279,7 @@ def test_below_the_first_measured_load_the_prediction_extrapolates_latency_and_a
 
 def _padding_server(c: int, max_batch: int = 4, full_ms: float = 6.6) -> LoadLevel:
     """A made-up openvino-like config, one instance: every execution computes a full max batch (6.6 ms) whatever arrives,
-    so c requests in flight above the max take ceil(c / max) executions (what the bundled CNN served, 5 to 12 in flight)."""
+    so c requests in flight above the max take ceil(c / max) executions."""
     return level(c, c * 1000.0 / (-(-c // max_batch) * full_ms))
 
 
@@ -472,8 +472,8 @@ def test_the_search_covers_the_grid_and_publishes_the_best_point_it_measured(mon
 @pytest.mark.parametrize("filled", [True, False])
 def test_with_time_left_a_variant_no_refinement_could_lift_to_the_best_is_not_refined(monkeypatch, tmp_path: Path, filled):
     """At the load, two instances serve 0.55x one with two threads: with batches that filled, no refinement can lift them to
-    the best and none is measured; where their batches did not fill, a fill delay could (it doubled a variant here) and
-    theirs is measured."""
+    the best and none is measured; where their batches did not fill, a fill delay could (FILL_LIFT) and theirs is
+    measured."""
 
     def served(point: OperatingPoint, c: int) -> LoadLevel:
         rate = 330.0 if point.instances == 2 else 600.0 * (1.01 if point.queue_delay_us else 1.0)
@@ -556,8 +556,8 @@ def test_a_measurement_other_load_reached_is_taken_again_once_it_falls_back(monk
 def test_time_spent_measuring_again_is_added_to_the_budget_so_bursts_do_not_cut_the_search_short(monkeypatch, tmp_path: Path):
     """On a clock that only measurements move (1 s a level), a budget the quiet search spends before its refinement is
     done; bursts that reach a few levels cost their repeats and waits, which move the deadline back, so the busy search
-    measures what the quiet one did and publishes the same point (it had spent its budget first: the bundled CNN under
-    bursts lost the queue delay the quiet search had found and served 0.67x of it)."""
+    measures what the quiet one did and publishes the same point: repeats that ate into the budget would leave the busy
+    search without the refinements (a queue delay) the quiet one found."""
     now = [0.0]
 
     def served(point: OperatingPoint, c: int) -> LoadLevel:
@@ -745,7 +745,8 @@ def test_with_no_load_the_refinement_first_tries_the_delay_that_fills_a_max_fail
     """On a clock that only measurements move (1 s a level), a budget that leaves two refinements before the settling.
     Max 4 and 8 without a delay are worst at concurrency 4 (1000/s beside max 2's 1800/s), so both max-2 layouts rank
     above them; their fill delay is what lifts them to the best at every load, and it is tried first.
-    Why: the bundled CNN under bursts had published max 2 at 0.76x of the quiet choice, max 4's 800 us delay untried."""
+    Why: ranked by the light load a delay would fix, the larger maxima would wait behind max 2's refinements, and a
+    budget that ends first would publish max 2."""
     served, kw = _one_second_a_level(monkeypatch, _fills_with_a_delay)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=30.0, baseline=0.0, **kw)
     assert "ran out" in stopped  # the budget bounds the search: which refinements it measured is the order's doing
@@ -786,8 +787,7 @@ def test_with_no_load_a_level_a_burst_reached_does_not_keep_a_variant_from_its_r
 def test_with_no_load_a_search_out_of_time_in_the_coarse_pass_measures_the_likeliest_gain_before_settling(monkeypatch, tmp_path: Path):
     """As above, with 10 s kept for settling and a budget that ends the coarse pass before its last maxima: the start
     (max 8, a 200 us delay that does not fill a batch at concurrency 4) could serve the most, so its fill delay is
-    measured with the time kept for settling, and published. Under bursts the bundled CNN's search had run out of
-    time in the coarse pass and published max 2 at 0.75x of the quiet choice."""
+    measured with the time kept for settling, and published, instead of settling two variants that both serve less."""
     monkeypatch.setattr(run_module.SearchRun, "_settle_reserve", lambda self: 10.0)
     served, kw = _one_second_a_level(monkeypatch, _fills_with_a_delay)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, budget_s=25.0, baseline=0.0, **kw)
@@ -800,8 +800,8 @@ def test_with_no_load_a_search_out_of_time_in_the_coarse_pass_measures_the_likel
 
 
 def _padding_with_a_batching_gain(point: OperatingPoint, c: int) -> LoadLevel:
-    """A made-up padding backend whose full batches serve much more up to 8 rows (the bundled transformer served 1179/s
-    at max 4 and 1974/s at max 8 at concurrency 16): a max above the load computes rows nobody sent."""
+    """A made-up padding backend whose full batches serve much more up to 8 rows, as a transformer's can: a max above the
+    load computes rows nobody sent."""
     rows = max(1, point.max_batch_size)
     full = {1: 500.0, 2: 700.0, 4: 900.0, 8: 1500.0, 16: 1600.0, 32: 1650.0}[rows]
     formed = min(c, rows)
@@ -812,7 +812,8 @@ def _padding_with_a_batching_gain(point: OperatingPoint, c: int) -> LoadLevel:
 def test_with_no_load_a_padding_backend_measures_maxima_up_to_8_before_larger_ones(monkeypatch, tmp_path: Path, pads):
     """On a clock only measurements move (1 s a level) and a budget too short for every variant: a padding backend's
     coarse pass measures maxima up to 8 first (16 and 32, which pad the ladder's load of 4 4-8x, wait for the time left
-    after the refinement; this budget ends before them) and publishes max 8. The bundled transformer had spent 4 of 13 variants on 16 and 32 and published max 4 at 0.60x at its worst load."""
+    after the refinement; this budget ends before them) and publishes max 8. Measured first, 16 and 32 would spend the
+    budget on variants that lose at the light loads, and max 8's refinement would go untried."""
     served, kw = _one_second_a_level(monkeypatch, _padding_with_a_batching_gain)
     run, search, _, stopped = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=32, budget_s=55.0,
                                    baseline=0.0, start_max=1, pads=pads, **kw)
@@ -820,7 +821,7 @@ def test_with_no_load_a_padding_backend_measures_maxima_up_to_8_before_larger_on
     if pads:
         assert 8 in coarse[:6] and not {16, 32} & set(coarse[:6]), coarse  # 2, 4 and 8 in both layouts first
         assert run.best.point.max_batch_size == 8, run.best.point  # worst 0.83x the best at a load, max 4 0.55x
-    else:  # the other backends keep the pass as it was: the large maxima before any refinement
+    else:  # the other backends keep the usual order: the large maxima before any refinement
         first_refine = next(i for i, v in enumerate(search.variants) if v.stage == "refine")
         assert {16, 32} <= {v.point.max_batch_size for v in search.variants[:first_refine]}
 
@@ -962,7 +963,7 @@ def _searched_at_the_given_load_and_validated(run_dir: Path, stdout: str, config
 def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Path):
     """The load given, through the onnxruntime stand-in (see _searched_at_the_given_load_and_validated). (The
     sweep of the no-load objective is tested against a made-up server above: on the test MLP its high concurrencies
-    made perf_analyzer run past its 120 s limit on a quiet 2-core machine.)"""
+    can run perf_analyzer past its time limit on a small machine.)"""
     r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--concurrency", "8",
                 "--serve-search-seconds", "40", "--validate", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
@@ -1085,8 +1086,8 @@ def test_a_fill_delay_near_one_measured_for_the_same_config_is_not_measured_agai
 
 
 def test_a_padding_backend_is_never_refined_with_a_preferred_size_below_its_max():
-    """openvino computes max_batch_size rows for every batch: a batch sent at preferred [4] under max 8 costs a batch of 8
-    (the bundled CNN: 353/s against 664/s at concurrency 16)."""
+    """openvino computes max_batch_size rows for every batch: a batch sent at preferred [4] under max 8 costs a batch of 8,
+    so such a refinement does the work of a full batch for half of one."""
     best = OperatingPoint(8, (), 0, 1, 2)
     padded = refinements(best, space(peak=4, pads=True, concurrency=16), {best})
     assert padded and all(not p.preferred for p in padded)  # the rules' delay is still tried

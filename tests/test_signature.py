@@ -139,8 +139,9 @@ def test_parser_never_crashes_on_garbage(text):
 
 
 def test_a_bfloat16_tensor_at_the_models_boundary_is_refused_with_the_way_round_it():
-    """The signature once said float32 for a bf16 output, and the published TorchScript returned bf16 where its config
-    promised TYPE_FP32; a bf16 input got float32 samples and failed inside the model."""
+    """A bf16 output would read as float32 in the signature while the published TorchScript returns bf16 where its config
+    promises TYPE_FP32, and a bf16 input would get float32 samples and fail inside the model: both are refused, with
+    the way round it."""
     from optimizer.model.reference import resolve_signature
     from optimizer.model.signature import parse_input_spec
     from optimizer.model.source import load_model

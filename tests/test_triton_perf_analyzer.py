@@ -166,7 +166,7 @@ def test_warm_up_requests_reach_the_server_before_the_measured_windows(tmp_path:
 
 @pytest.mark.slow
 def test_a_level_that_never_settles_is_measured_roughly_and_flagged_not_failed(tmp_path: Path):
-    """A level whose windows never agree (CI's busy 2-core machine, here forced by a zero tolerance) still gets a row,
+    """A level whose windows never agree (as on a small busy machine; here forced by a zero tolerance) still gets a row,
     measured by real perf_analyzer windows, and is named as unstable with a note a user reads; the run does not fail."""
     from optimizer.triton.runtime.perf_analyzer import ROUGH_WINDOWS, run_perf_analyzer
 

@@ -232,8 +232,8 @@ instance_group {{ count: 1 kind: KIND_CPU }}
 
 @pytest.mark.slow
 def test_a_string_model_like_tritons_own_is_served_answered_and_measured(tmp_path: Path):
-    """A TYPE_STRING model (Triton's simple_identity, here in ONNX): the onnxruntime stand-in once refused to load it
-    ("model provides tensor(string)"), and validate could not build its request ("unknown dtype 'TYPE_STRING'")."""
+    """A TYPE_STRING model (Triton's simple_identity, here in ONNX): the onnxruntime stand-in loads it as the native
+    backend does, and validate builds its requests (BYTES go to perf_analyzer as strings), answers and measures it."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -298,8 +298,8 @@ def _onnx_model(path: Path, nodes, inputs, outputs, initializers=()) -> None:
 def test_the_onnxruntime_stand_in_completes_configs_and_takes_optional_inputs_as_the_native_backend_does(tmp_path: Path):
     """Triton's own kinds of config the native backend loads: none at all (it fills max_batch_size 4 and a dynamic
     batcher when every first axis is variable), and an optional input that the graph gives a default (an overridable
-    initializer), which a request may leave out. Validate once refused the first ("holds 0 models"), the stand-in served a config of only name and backend unbatched, and
-    it refused the second."""
+    initializer), which a request may leave out. Validate finds a model with no config.pbtxt, the stand-in completes
+    it batched as the native backend does, and it serves a request without the optional input."""
     from onnx import TensorProto, helper
 
     from optimizer.triton.runtime.server import LocalTritonServer
@@ -340,8 +340,8 @@ def test_the_onnxruntime_stand_in_completes_configs_and_takes_optional_inputs_as
 
 @pytest.mark.slow
 def test_an_ensemble_of_two_steps_on_stand_ins_says_so_in_its_verdict(tmp_path: Path):
-    """Triton's own kind of ensemble (two ONNX steps, not the optimizer's one-step front): its header once read as a
-    native backend, because only a one-step ensemble's step was looked at."""
+    """Triton's own kind of ensemble (two ONNX steps, not the optimizer's one-step front): every step is looked at, so
+    the verdict names both steps as served by a stand-in backend."""
     from onnx import TensorProto, helper
 
     repo = tmp_path / "repo"
@@ -387,7 +387,8 @@ class TritonPythonModel:
 
 @pytest.mark.slow
 def test_a_sequence_model_like_tritons_simple_sequence_is_validated(tmp_path: Path):
-    """Triton refuses a request to a sequence batcher without a correlation ID: validate once failed every such model."""
+    """Triton refuses a request to a sequence batcher without a correlation ID: validate sends each request as a
+    one-request sequence of its own, so such a model is validated."""
     (tmp_path / "repo" / "accumulate" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "accumulate" / "1" / "model.py").write_text(SEQUENCE_MODEL)
     (tmp_path / "repo" / "accumulate" / "config.pbtxt").write_text("""name: "accumulate"
@@ -428,7 +429,8 @@ class TritonPythonModel:
 
 @pytest.mark.slow
 def test_a_decoupled_model_is_not_validated_and_the_reason_says_how_to_measure_it(tmp_path: Path):
-    """Triton answers a decoupled model over gRPC streaming only; validate once called that a wrong answer."""
+    """Triton answers a decoupled model over gRPC streaming only: validate reports it as not validated, with how to
+    measure it, not as a wrong answer."""
     (tmp_path / "repo" / "repeat" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "repeat" / "1" / "model.py").write_text(DECOUPLED_MODEL)
     (tmp_path / "repo" / "repeat" / "config.pbtxt").write_text(

@@ -1,4 +1,4 @@
-"""The backend contract (DESIGN §3): build an artifact apart from running it.
+"""The backend contract: build an artifact apart from running it.
 
 `Backend.build` writes files and returns an `Artifact` (plain data that can cross a process
 boundary); `Backend.load` returns a `Runner`, a context manager that allocates on enter and

@@ -7,8 +7,8 @@ backend/precision.py), the builder gets a workspace limit, one profile and a tim
 persisted per TensorRT version and GPU and reused by the next build. `build_engine` takes the
 `tensorrt` module as a parameter so its calls can be checked without a GPU.
 
-Nothing here has run on a GPU on the machines this was written on (no GPU, TensorRT not
-installable); scripts/gpu_check.sh is the check to run on one.
+The CPU test suite checks the builder calls against a stand-in `tensorrt` module; what needs a GPU and
+TensorRT itself is scripts/gpu_check.sh, the check to run on one.
 """
 
 from __future__ import annotations

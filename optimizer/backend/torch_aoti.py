@@ -1,6 +1,6 @@
 """AOTInductor (`torch_aoti`, model.pt2): torch.export with the signature's dynamic axes, compiled to a .pt2 package.
 
-Compiling takes 10-50 s per model on 2 cores (C++ code generation and g++), so the Inductor
+Compiling is slow (C++ code generation and g++, most of a candidate's build on a small CPU), so the Inductor
 cache lives in the run's work directory and is reused by the next run of the same model. The
 cache directory is set only around the compile call, inside the candidate's own process.
 """

@@ -151,8 +151,9 @@ def _onnx_inputs(model: LoadedModel, batching: bool) -> tuple[list[str], list[Te
 BF16_BOUNDARY = ("the model {what}: bfloat16 has no numpy dtype, so the samples, the correctness check and numpy clients cannot "
                  "carry it; {fix}, or keep the model in float32 and give --precision bf16 (bf16 compute behind float32 inputs "
                  "and outputs, which clients keep).")
-"""Why a bfloat16 tensor at the model's boundary is refused: the signature once said float32 for a bf16 output, and the
-published TorchScript returned bf16 where its config promised TYPE_FP32 ("Got unsupported ScalarType BFloat16")."""
+"""Why a bfloat16 tensor at the model's boundary is refused: observed through numpy it would read as float32, the config
+would promise TYPE_FP32, and the served model would return bf16 where clients expect float32 (the backend fails with
+"Got unsupported ScalarType BFloat16")."""
 
 
 def resolve_signature(

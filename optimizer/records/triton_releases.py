@@ -1,4 +1,5 @@
-"""The one table of what each Triton release ships, every fact with its source (shared/reference/triton_releases.md).
+"""The one table of what each Triton release ships, every fact with its public source (release notes, the server's
+build.py and compatibility matrix, GitHub releases; the legend is above RELEASES).
 
 `--triton-release` picks a row; the release gate (task/release_gate.py) compares the local toolchain
 with it, and the report records the facts it used. A fact is never guessed: one the sources do not
@@ -62,7 +63,7 @@ class PlatformStatus:
 
 @dataclass(frozen=True)
 class TritonRelease:
-    """What `nvcr.io/nvidia/tritonserver:<release>-py3` ships, per the reference table (§1 and §2)."""
+    """What `nvcr.io/nvidia/tritonserver:<release>-py3` ships, each field a Fact with its source."""
 
     release: str  # "YY.MM"
     triton: Fact  # server version, "2.71.0"
@@ -123,7 +124,7 @@ def version_tuple(text: str | None) -> tuple[int, ...]:
 
 
 # -- the table ---------------------------------------------------------------------------------------
-# Sources are the reference's (§4): [B] build.py of the server's rYY.MM branch, [C] compatibility.md @ r26.08,
+# Sources: [B] build.py of the server's rYY.MM branch, [C] the server's docs/introduction/compatibility.md @ r26.08,
 # [RN] the NVIDIA release notes, [GH] GitHub releases, [P] the Python basis, (s) secondary quotes.
 
 _S = "secondary (s): third-party quotes of the NGC image; confirm inside the image"
@@ -245,14 +246,14 @@ def _row(release: str, triton: Any, tensorrt: Any, ort: str | None, openvino: st
 
 
 _P = _d("3.12", "[P]: build.py switched its apt repository to ubuntu2404 in r24.11; compatibility.md vllm rows give 3.12.3")
-_NOTE4 = "pytorch backend libtorch uncertain (reference note 4); read torch.__version__ inside the image"
+_NOTE4 = "pytorch backend libtorch uncertain (the image may be built on another upstream container than build.py's default); read torch.__version__ inside the image"
 
 RELEASES: MappingProxyType[str, TritonRelease] = MappingProxyType({r.release: r for r in (
     _row("24.10", "2.51.0", None, "1.19.2", "2024.4.0", "12.6.2", _d("3.10", "[P]: compatibility.md vllm row 3.10.12; Ubuntu 22.04 apt repository in build.py r24.10"), "pytorch:24.10", "2.5.0a0+e000cf0ad9"),
     _row("24.11", "2.52.0", None, "1.19.2", "2024.4.0", _u("the vllm-python-py3 image of 24.11 has CUDA 12.6.3.001 [C]; the main image is not listed"), _P, "pytorch:24.11", "2.6.0a0+df5bbc09d1"),
     _row("24.12", "2.53.0", Fact("10.7.0.23", "release notes r24.12 docs/introduction/release_notes.md [RN24.12]"),
-         Fact("1.20.1", "server build.py ort_version, r24.12 [B]; compatibility.md [C] (the 24.12 release notes say 1.19.2: note 1)"),
-         Fact("2024.5.0", "server build.py standalone_openvino_version, r24.12 [B] (the 24.12 release notes say 2024.40.0: note 1)"),
+         Fact("1.20.1", "server build.py ort_version, r24.12 [B]; compatibility.md [C] (the 24.12 release notes say 1.19.2, against both)"),
+         Fact("2024.5.0", "server build.py standalone_openvino_version, r24.12 [B] (the 24.12 release notes say 2024.40.0, against build.py)"),
          Fact("12.6.3", "release notes r24.12 [RN24.12]"), Fact("3.12", "release notes r24.12: Ubuntu 24.04 including Python 3.12"),
          "pytorch:24.12", _s("2.6.0a0+df5bbc09d1")),
     _row("25.01", "2.54.0", Fact("10.8.0.43", "release notes r25.01 docs/introduction/release_notes.md [RN25.01]"), "1.20.1", "2024.5.0",
@@ -273,13 +274,13 @@ RELEASES: MappingProxyType[str, TritonRelease] = MappingProxyType({r.release: r 
     _row("26.03", "2.67.0", None, "1.24.2", "2026.0.0", _s("13.2", "NGC 26.03 stack"), _P, "pytorch:26.03", _s("2.11.0a0+a6c236b9fd")),
     _row("26.04", "2.68.0", _s("10.16.1"), "1.24.4", "2026.1.0", "13.2.1", _P, "pytorch:26.04", _s("2.12.0a0+0291f960b6")),
     _row("26.05", "2.69.0", _s("10.16.1", "weak"), "1.24.4", "2026.1.0", "13.2.1", _P,
-         _d("pytorch:26.04", "build.py r26.05 upstream_container_version default (reference note 4: uncertain)"),
+         _d("pytorch:26.04", "build.py r26.05 upstream_container_version default (uncertain: the image may be built on another upstream container)"),
          _u(f"2.12.0a0+0291f960b6 or 2.12.0a0+5aff3928d8: {_NOTE4}")),
-    _row("26.06", "2.70.0", _s("11.0.0.114", "TensorRT 11 from 26.06: server commit d898a0fe (note 5)"), "1.24.4", "2026.2.0", "13.3.0", _P,
-         _d("pytorch:26.05", "build.py r26.06 upstream_container_version default (reference note 4: uncertain)"),
+    _row("26.06", "2.70.0", _s("11.0.0.114", "TensorRT 11 from 26.06: server commit d898a0fe"), "1.24.4", "2026.2.0", "13.3.0", _P,
+         _d("pytorch:26.05", "build.py r26.06 upstream_container_version default (uncertain: the image may be built on another upstream container)"),
          _u(f"2.12.0a0+5aff3928d8 or 2.13.0a0+8145d630e8: {_NOTE4}")),
     _row("26.07", "2.71.0", _d("11", "TensorRT 11 from 26.06 (server commit d898a0fe; ORT 1.27 is the first to support TensorRT 11); "
-                                     "the exact 26.07 build is unconfirmed (reference note 5)"),
+                                     "the exact 26.07 build is unconfirmed"),
          "1.27.0", "2026.2.0", "13.3.1", _P, "pytorch:26.07", _s("2.13.0a0+9186a08b2c")),
     _row("26.08", "2.72.0", _s("11.2.1.2"), "1.28.0", "2026.3.0", "13.4.1", _P, "pytorch:26.08", _s("2.14.0a0+4fdf77b940")),
     _row("26.09", Fact("2.73.0", "GitHub release v2.73.0 [GH]"), _s("11.3.0.99"), None, None, "13.4.1",

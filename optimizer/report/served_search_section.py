@@ -120,7 +120,8 @@ def _story(search: dict[str, Any]) -> str:
 def _lone_request(search: dict[str, Any], variants: list[dict[str, Any]], pct: int, kind: str) -> str:
     """What one request at a time pays when the published config has a queue delay: the batcher holds it the whole delay
     for a batch that cannot fill, a cost the loads the choice was made at never show (with no load given they start at
-    4). Why: the bundled CNN's max 4 with a 9200 us delay served 65/s one request at a time, p50 14.9 ms."""
+    4). Why: a lone request's latency is then about the delay itself, which can be many times the model's compute and
+    would otherwise surprise whoever serves few clients."""
     chosen = search.get("chosen") or {}
     base = next((v for v in variants if v.get("stage") == "base" and v.get("point") == chosen), None)
     delay = int(chosen.get("queue_delay_us") or 0)

@@ -21,7 +21,8 @@ DEFAULT_TOLERANCES: MappingProxyType[str, Tolerance] = MappingProxyType(
         "bfloat16": Tolerance(5e-2, 5e-2),
     }
 )
-"""fp32 parity observed here is <= 3e-7 abs; these bounds leave room for fused kernels yet reject real bugs."""
+"""fp32 backends agree with eager PyTorch far inside these bounds (they differ only in the order of operations); the bounds
+leave room for fused kernels yet reject real bugs."""
 
 EXACT = Tolerance(0.0, 0.0)
 """Integer and boolean outputs must match exactly."""
@@ -29,9 +30,9 @@ EXACT = Tolerance(0.0, 0.0)
 
 SCALE_SHARE = 0.1
 """An output whose every reference value is below the default atol passes any answer of that size (a randomly initialised
-mobilenet_v3_small answers around 1e-11, under fp32's atol 1e-4): there, the largest error must also stay under this
-share of the output's largest |reference| value. A wrong answer misses by about its whole scale, fp32 reordering by about
-1e-6 of it. A tolerance the user gives, or a reduced precision's, is applied as given."""
+network can answer orders of magnitude below fp32's atol): there, the largest error must also stay under this share of
+the output's largest |reference| value. A wrong answer misses by about its whole scale, fp32 reordering by a tiny
+fraction of it. A tolerance the user gives, or a reduced precision's, is applied as given."""
 
 
 REDUCED_PRECISION_DTYPE = MappingProxyType({"fp16": "float16", "bf16": "bfloat16"})

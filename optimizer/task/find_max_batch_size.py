@@ -61,8 +61,8 @@ def every_load_max(profiles: list[BatchProfile]) -> int:
     largest), is highest. At `c` requests a padded max `b` computes `b` rows to answer min(c, b) of them, so it serves
     throughput(b) * min(c, b) / b.
 
-    Why: the peak of a curve that keeps rising (an OpenVINO transformer: 128) padded every lone request to 128 rows
-    and served 0.07x of what the fp32 export served at concurrency 8."""
+    Why: the peak of a curve that keeps rising is a large batch, and published as the max it pads every lone request
+    to that many rows, so the model serves a light load at a small fraction of what a smaller max serves."""
     sizes = sorted(p.batch_size for p in profiles)
     thr = {p.batch_size: p.throughput for p in profiles}
 
@@ -76,9 +76,9 @@ def every_load_max(profiles: list[BatchProfile]) -> int:
 
 FIT_PROBE_FACTOR = 4
 """Past a saturation stop, batches up to this many times the largest measured are run once each to check they fit (memory,
-the latency budget), so the served search may try them: on 2 cores the bundled CNN's in-process curve stopped growing at
-batch 4, and its served search had a space of 2 maxima x 2 layouts and ended with a third of its budget left. Two
-doublings: two inferences each (the first at a shape may compile), cheap beside the profile windows."""
+the latency budget), so the served search may try them: on few cores the in-process curve can stop growing at a small
+batch, and without larger maxima that fit the served search would have almost nothing to compare. Two doublings: two
+inferences each (the first at a shape may compile), cheap beside the profile windows."""
 FIT_CHECK_MAX_MS = 1000.0
 """A batch whose inference would take longer than this (the largest profiled batch's median, scaled by the rows) is not
 checked: a large model's check would cost the in-process search seconds per candidate, and a max that slow is no

@@ -5,7 +5,7 @@ The child starts a new session (so compilers it spawns die with it), sends its s
 timeout; on timeout, Ctrl-C or SIGTERM it kills the child's whole process group.
 
 Children are forked from a fork server that has imported torch once (POSIX), not spawned: a spawned
-child spent about 2 s of CPU importing torch, and an export runs one or two children per candidate.
+child pays seconds of CPU importing torch, and an export runs one or two children per candidate.
 The server has run no torch code, so no thread pool exists yet to break in the fork; each child
 takes the caller's environment and working directory of the moment, as a spawned one would.
 """

@@ -4,7 +4,7 @@ Clients send the `forward()` argument names and read `output__<i>` (or the user'
 whichever backend the export chose. TorchScript (`pytorch_libtorch`) accepts forward-argument input
 names and `<name>__<i>` output names natively. `torch_aoti` does not: from Triton 26.05 its PyTorch
 backend names tensors from the PT2 call spec (`INPUT__<i>`/`OUTPUT__<i>`, or `ARGS[i]`, `KWARGS[name]`,
-`RESULT`), never the bare argument name (reference/triton_releases.md §2). Such a model is published
+`RESULT`), never the bare argument name (pytorch_backend's README from r26.05). Such a model is published
 under a derived name (`<name>__positional`) with its positional config, and the public name is an
 ensemble (platform "ensemble", built into Triton's core, no backend) with one step that maps the public
 names onto the positional ones. `--io-names positional` publishes the bare model instead.

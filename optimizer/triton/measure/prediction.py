@@ -22,9 +22,8 @@ A backend that pads (openvino: every execution computes max_batch_size rows) ser
 max batch as ceil(c / max) full executions: c = 5 at max 4 costs what 8 do, so it serves throughput(8) * 5 / 8 (the
 same rule the padding backend's max batch is chosen by, find_max_batch_size.every_load_max). Unless the queue delay
 outlasts one execution of a full batch (the latency at c = max): then the requests left over wait for the others to
-come back and every batch is full, so the latency line holds as for a backend that does not pad. The bundled CNN's max
-4 with a 9200 us delay (6 ms a full execution) served 677-707/s at 5, 6, 9 and 10 in flight, where ceil(c / max)
-executions predicted 408-491/s.
+come back and every batch is full, so the latency line holds as for a backend that does not pad, and ceil(c / max)
+executions would predict far less than such a config serves.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class ConcurrencyRange:
 
 @dataclass(frozen=True)
 class PerfSettings:
-    """How to measure. Defaults settle on a shared 2-core machine: 1.5 s windows, stable within 50 %.
+    """How to measure. The defaults settle even on a small shared machine: 1.5 s windows, stable within 50 %.
 
     perf_analyzer calls a level stable when three windows agree within `stability_percentage`; a level
     that never does makes it exit with status 2, so the tolerance is wide on purpose (the sweep
@@ -80,7 +80,7 @@ class PerfSettings:
     warmup_requests: int = 0  # sent at the first level and discarded before measuring (perf_analyzer 2.51 has no warm-up option)
     retry_stability_percentage: int = 100  # the tolerance when an unsettled level is measured again alone
     retry_alone: bool = True  # False: an unsettled level goes straight to the rough mean of three windows (the served
-    # search, whose close calls are measured again interleaved: a retry there cost up to 6 s a load)
+    # search, whose close calls are measured again interleaved: a retry there would cost seconds a load of its budget)
 
 
 @dataclass
@@ -208,8 +208,8 @@ def run_perf_analyzer(model: str, url: str, input_data: Path, workdir: Path, set
     A level perf_analyzer could not stabilize (a busy machine) is measured once more on its own with
     twice the window and a looser tolerance; a level that still does not settle is measured a last time
     over three windows without a stability check, listed in `unstable` and named in the note: a user
-    gets a rough figure flagged as rough, not a failed run (CI's shared 2-core machine did this at
-    concurrency 1 while other tests compiled). Missing libraries, refused requests or a sweep with no level at all raise
+    gets a rough figure flagged as rough, not a failed run (a small shared machine whose other work compiles can keep
+    even concurrency 1 from settling). Missing libraries, refused requests or a sweep with no level at all raise
     PerfAnalyzerFailed with perf_analyzer's own words and what it did measure.
     """
     binary = find_perf_analyzer()

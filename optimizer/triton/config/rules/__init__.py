@@ -1,4 +1,4 @@
-"""Triton's load-time rules, checked on the parsed config before anything is written (reference/triton.md §2.10).
+"""Triton's load-time rules, checked on the parsed config before anything is written (each from the source named below).
 
 One module per rule family, each rule a function named as the rule; check.py runs them all, core's first.
 Each rule quotes the wording of the component that enforces it, so a user who has seen the server's error

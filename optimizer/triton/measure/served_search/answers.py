@@ -2,8 +2,8 @@
 
 A served search that measured a config answering wrongly would publish a fast wrong model; the start variant is checked
 over the protocol the search uses, by the same check `validate` runs, and by the same measure: the elementwise
-tolerances for an fp32 winner, the accuracy gate a bf16 or INT8 winner passed in-process (held to fp32 tolerances, a
-bf16 OpenVINO winner was refused here while `validate` passed it, and the search was skipped).
+tolerances for an fp32 winner, the accuracy gate a bf16 or INT8 winner passed in-process (fp32 tolerances would refuse
+a reduced-precision winner that `validate` accepts, and skip the search).
 """
 
 from __future__ import annotations

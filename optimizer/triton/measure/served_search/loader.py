@@ -123,9 +123,9 @@ class VariantLoader:
         """Unload these private names and wait until the server has let them go (their instances stop using the CPU).
 
         `wait` False leaves the waiting to the next load, which waits once its own variants are loaded, so that the
-        two overlap and nothing is measured while a model is still going. Why: the python backend takes 2.4 s to let
-        four stand-in variants go, almost all of it idle (0.07 cores here): waited for in turn with the next group's
-        load it was 4.6 s a group, overlapped 2.3-2.5 s."""
+        two overlap and nothing is measured while a model is still going. Why: the python backend takes a while to let
+        stand-in variants go, almost all of it idle, so waiting for it in turn with the next group's load would about
+        double each group's loading time."""
         names = [n for n in names if n in self.loaded]
         if not names:
             return

@@ -24,8 +24,9 @@ from optimizer.triton.runtime.perf_analyzer_input import traffic_requests, write
 from optimizer.triton.measure.served_search.objective import Objective
 
 MIN_WINDOW_MS = 500
-"""Half-second windows: timed here on the bundled CNN, 1 s windows made perf_analyzer's three stable windows 3.7 s of
-a 9 s variant; 0.5 s windows 1.9 s at the same throughput. Settling uses twice the window."""
+"""Half-second windows: perf_analyzer's three stable windows are a large share of a variant's cost, and at a fast
+model's throughput a half second already holds WINDOW_REQUESTS requests, so longer windows buy no steadier figure.
+Settling uses twice the window."""
 MAX_WINDOW_MS = 4000
 WINDOW_REQUESTS = 40
 """A window holds about this many requests of the start variant (at least 0.5 s, at most 4 s)."""
@@ -148,8 +149,8 @@ def sweep(variant: ServedVariant, objective: Objective, seed: int, measure: Call
 
     `explore_down` False keeps a sweep from stepping below its start (the coarse pass: only the peak decides there).
     `stop` says why the sweep should end with the curve so far ("" to go on: out of the running, out of time): the
-    variant's reason says so. A load that fails after the first ends the sweep the same way: on the transformer one
-    perf_analyzer run timed out at the third load and the variant's two measured loads were thrown away with it."""
+    variant's reason says so. A load that fails after the first ends the sweep the same way, and the loads already
+    measured still count: a perf_analyzer timeout at a heavy load says nothing against the lighter ones."""
     t0 = now()
     level: int | None = objective.first_level(seed)
     order: list[LoadLevel] = []

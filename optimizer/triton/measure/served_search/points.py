@@ -25,7 +25,7 @@ THROUGHPUT_NOISE = 0.03
 """perf_analyzer's spread between windows on a shared CPU machine: a variant must serve this much more to count as better."""
 CLOSE = 0.10
 """A best variant within this much of its runner-up is measured again with it, interleaved (A B B A), before it is published:
-two measurements of one config minutes apart differ by up to 10% here."""
+two measurements of one config minutes apart can differ by about this much on a shared machine."""
 LATENCY_GAIN = 0.10
 """Within the throughput noise, a variant whose latency is this much lower wins: it answers sooner for the same load."""
 MAX_INSTANCES = 8
@@ -40,28 +40,25 @@ FILL_FULL_SHARE = 0.75
 """Where the lightest load can fill the max, the fill delay is this share of its median latency: a batch leaves as soon
 as it is full, so the delay costs nothing while the clients stay together, and lasting one execution of a full batch it
 lets them come together again when they fall into two groups (each group waits for the other's execution, then its own:
-half such a load's p50 is one execution). With 3000 us (a quarter) the bundled CNN's max 4 at concurrency 4 split into
-batches of 2 in 1 of 6 runs and in 1 of 4 grid rounds (321/s and 364/s against 590-670/s: each batch of 2 padded to
-4); with 6000-9000 us in none of 16 runs, and at concurrency 16 it served as much (672/s against 634/s, four rounds
-interleaved)."""
+half such a load's p50 is one execution). A shorter delay (FILL_DELAY_SHARE) can leave the clients split in two groups
+for good, each batch half full (and padded to the max by a backend that pads); this one keeps them together without
+costing a heavier load anything (see benchmarks/served_grid.py and its record in benchmarks/results/)."""
 SAME_DELAY = 0.25
 """Queue delays within this share of each other are one variant for the refinement: a fill delay is a share of the p50
-a variant measured, so each of the bundled CNN's max 4 variants proposed its own (2700, 2800 and 3000 us), and three of
-its 14 variants measured one config again."""
+a variant measured, so variants that differ only in layout or noise propose slightly different delays for what is
+one config, and measuring each of them would spend the budget on repeats."""
 FILL_DELAY_MAX_US = 20000
 PADDED_FIRST = 8
 """With no load given, a backend that pads (openvino) has its maxima up to this measured (and refined) before larger ones:
-at the ladder's first load of 4 a max of 16 computes 16 rows for 4 requests, so it cannot hold up at every load. On the
-bundled transformer the coarse pass spent 4 of its 13 variants on maxima 16 and 32 (0.08-0.22x the best at 4), and the
-budget ended before the fill delay of max 8, the best at 16 and 64 by 1.5x, was tried: max 4 with no delay was published,
-0.60x the best measured at its worst load."""
+at the ladder's first load of 4 a max of 16 computes 16 rows for 4 requests, so it cannot hold up at every load. Large
+maxima measured first would spend the budget on variants that lose at the light loads and leave the refinement of the
+smaller ones (their fill delays) untried."""
 HELD_LAYOUT = ("instance layouts were not compared: another process's load does not slow them alike (instances of several threads "
                "lose more than single-thread ones), so the rules' layout for every core was kept and only the batcher was searched on it")
-"""Why a search beside other processes' load measures one layout. The bundled transformer's busy exports published 2
-instances x 1 thread in three of six runs (benchmarks/noisy_choice.py), which its quiet grid serves at 0.56-0.78x of 1 x 2
-threads. Beside the load, 2 x 1 at max 4 served 387-402/s at concurrency 4, near the idle machine's 451/s, while 1 x 2
-threads fell from 876/s to 558-733/s and one of its curves moved 2.6x between neighbouring loads: the load met the
-layouts unalike, and a comparison there is not one the idle machine would make."""
+"""Why a search beside other processes' load measures one layout: the other load takes more from an instance of several
+threads than from single-thread instances, so beside it the layouts are not compared as an idle machine would compare
+them, and a layout chosen there can serve far less once the machine is quiet (see benchmarks/noisy_choice.py and its
+record in benchmarks/results/)."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +86,8 @@ class SearchSpace:
         `rules_delay_us`: the rules' queue delay when the start cannot carry one (max 1).
 
         A start of max 1 (a padding backend's rules for every load, find_max_batch_size.every_load_max) batches nothing,
-        but the space still holds the in-process peak (the rules' preferred size) and the rules' delay: the bundled CNN's
-        search had lost both, and ended after 10 variants with a third of its budget left."""
+        but the space still holds the in-process peak (the rules' preferred size) and the rules' delay: without them the
+        coarse pass and the refinement would have nothing around the peak to measure."""
         fixed = user_max or (start.max_batch_size if decision is not None and decision.decided_by in ("user_cap", "recorded") else None)
         largest = max(start.max_batch_size, (decision.largest_fit or decision.max_batch_size) if decision is not None else 0)
         if decision is not None and decision.measured_max:  # measured on fewer cores: the batches measured there bound it
@@ -133,8 +130,8 @@ def max_batches(space: SearchSpace) -> list[int]:
 
     A target load N caps them at N: batch-1 requests at concurrency N never form a larger batch. With no load given
     the config must hold up at every load of the ladder, so a max that each load can fill is measured instead of 4x
-    the peak: a backend that pads to max_batch_size (openvino) computes a full batch whatever arrives, and on the
-    bundled transformer (peak 256) the coarse pass had measured nothing below 32 for the ladder's concurrency 4."""
+    the peak: a backend that pads to max_batch_size (openvino) computes a full batch whatever arrives, and with a large
+    peak the peak, 2x and the largest fit would leave nothing a light load of the ladder can fill."""
     if not space.batching:
         return [0]
     if space.fixed_max:
@@ -161,9 +158,8 @@ def ladder_loads(cap: int, loads: tuple[int, ...] = ()) -> list[int]:
 def coarse_grid(space: SearchSpace) -> list[OperatingPoint]:
     """Every layout x max batch with no queue delay and no preferred sizes. With a target load the peak's row first, so a
     short budget has compared every layout before it compares batch sizes; with no load the peak's row last, smaller
-    maxima first: the start measured the peak already (with the rules' batcher settings), and on the bundled
-    transformer a budget spent on the peak's row (max 256) left max 4 unmeasured, which served 15x more at
-    concurrency 4."""
+    maxima first: the start measured the peak already (with the rules' batcher settings), and a budget spent on a large
+    peak's row could leave the small maxima, which the light loads of the ladder favour, unmeasured."""
     sizes = max_batches(space)
     nearest = min(sizes, key=lambda s: abs(s - space.peak))
     sizes.sort(key=lambda b: (b == nearest, b) if not space.concurrency else (b != nearest, b))
@@ -180,11 +176,11 @@ def refinements(best: OperatingPoint, space: SearchSpace, measured: set[Operatin
     halfway (in powers of two) to the next measured max when the gap is wider than 2x, the rules' queue delay, and the
     rules' preferred size (with and without the delay).
 
-    Why this order: a budget often ends inside the refinement. On the bundled transformer the coarse pass with no load
-    measured max 4 and 16, the grid's most robust max was 8 in between, and the rules' 17 us delay had been tried first.
-    A backend that pads (openvino) has no preferred size below its max tried: the batcher sends a batch when it reaches a
-    preferred size and the backend computes max_batch_size rows for it. The bundled CNN's max 8 with preferred [4] served
-    353/s at concurrency 16 against 664/s without, and its `--concurrency 16` search had spent 3 of 16 variants on it."""
+    Why this order: a budget often ends inside the refinement, so what moves a variant most comes first (a fill delay
+    changes how full the batches are; a max between two measured ones can be the most robust; the rules' delay and
+    preferred size move it least). A backend that pads (openvino) has no preferred size below its max tried: the
+    batcher sends a batch when it reaches a preferred size and the backend computes max_batch_size rows for it, so such
+    a variant does the work of a full batch for part of one."""
     fill: list[OperatingPoint] = []
     between: list[OperatingPoint] = []
     tuning: list[OperatingPoint] = []
@@ -217,17 +213,15 @@ def fill_delay_us(v: ServedVariant, space: SearchSpace) -> int | None:
     there than that load could: a backend that pads every execution to max_batch_size (openvino) pays for a full batch
     either way. None when the batches already filled, or when the delay would not be longer than the variant's.
 
-    Why: the bundled transformer's best at concurrency 4 was max 4 with a 1000 us delay, and the rules' 40 us never
-    let the four clients' requests meet. A batch can hold only the requests the other instances are not executing: the
-    CNN's max 16 and 32 on two instances formed 6.4 and 7.2 at concurrency 16, never more than 16 / 2.
+    Why: the rules' queue delay is sized from in-process timings and can be too short for concurrent clients' requests
+    to meet in the server; a delay of a share of the light load's latency lets them. A batch can hold only the requests
+    the other instances are not executing, so what a load "could" fill is its concurrency shared among the instances.
 
     With a target load N, none for a max that holds every one of N's requests (max x instances >= N): each batch would
-    fill only with all N clients in it, and at N - 1 every batch waits the delay out. With `--concurrency 16` the CNN's
-    search had published max 16 with 20000 us (699.9/s at 16, within the noise of max 4 without a delay), which served
-    272-341/s at 12-15 clients and 426-469/s at 17 and 20, where max 4 served 642-697/s; max 8 with its 19400 us fill
-    delay held up at 12-20 (625-708/s): 16 clients hold two batches of 8. With no load given the ladder's lightest load
-    is the least it is scored at and heavier loads fill the max from the excess, so there the delay stays (report.md
-    says what a lone request pays for it)."""
+    fill only with all N clients in it, and at N - 1 every batch waits the delay out, so such a config would serve
+    clearly less just below (and above) the target. A smaller max whose batches fill from part of the load holds up
+    around N. With no load given the ladder's lightest load is the least it is scored at and heavier loads fill the max
+    from the excess, so there the delay stays (report.md says what a lone request pays for it)."""
     light = fill_level(v)
     if not space.batching or v.point.max_batch_size <= 1 or light is None:
         return None

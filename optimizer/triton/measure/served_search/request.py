@@ -8,9 +8,9 @@ from pathlib import Path
 from optimizer.triton.measure.served_search.objective import Objective
 
 LOCAL_PROTOCOL = "grpc"
-"""How the bundled server is measured: gRPC, Model Analyzer's default client protocol. perf_analyzer 2.51 over HTTP at
-concurrency 64 on 2 cores failed to settle 3 times in 10 and hung past 40 s twice in 10 here (one hang took a served
-search 120 s); over gRPC the same 10 runs settled in 1.9-3.1 s each."""
+"""How the bundled server is measured: gRPC, Model Analyzer's default client protocol. perf_analyzer over HTTP at a
+heavy concurrency on few cores can fail to settle or hang, which costs a served search much of its budget; over gRPC
+the same runs settle."""
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,10 @@ class SearchRun:
         """Coarse pass, refinement of the best two (repeated while it changes them), settle a close call; returns why the
         search ended.
 
-        The coarse pass and the refinement stop early enough to leave the settling its time. Why: on the bundled
-        transformer a search that spent its whole budget exploring published max 4 on one short window each, and the
-        grid then served max 8 better at concurrency 16. When nothing was close enough to settle, the time kept for it
-        goes back to the refinement (on the CNN the reserve had ended the exploration at 61 s of 90, then went unused)."""
+        The coarse pass and the refinement stop early enough to leave the settling its time. Why: a search that spends
+        its whole budget exploring picks between close variants on one short window each, which the noise can decide.
+        When nothing was close enough to settle, the time kept for it goes back to the refinement, so a reserve that is
+        not needed does not end the exploration early."""
         every = "every variant of the coarse pass and the refinement was measured"
         out_of_time = f"the time budget ({self.clock.budget_s:.0f} s, --serve-search-seconds) ran out"
         stopped = every
@@ -89,10 +89,10 @@ class SearchRun:
 
     def _likeliest_gain(self, space: SearchSpace) -> None:
         """The exploration ran out of time: with no load given, a variant that could serve more than the best (first in
-        `_to_refine`, not in the ranking) has its fill delay measured before a close call is settled; a settling picks
-        between two variants within 10% of each other, the delay had lifted its variant 1.5x at the light load. Why:
-        under bursts the bundled CNN's search spent its budget in the coarse pass, settled two max-2 variants and
-        published max 2, max 4's delay untried (benchmarks/noisy_choice.py)."""
+        `_to_refine`, not in the ranking) has its fill delay measured before a close call is settled. Why: a settling
+        only picks between two variants within the noise (CLOSE) of each other, while a fill delay can lift its variant
+        far more at the light load (FILL_LIFT), so under other processes' load, when the budget ends in the coarse pass,
+        the delay is the likelier gain (see benchmarks/noisy_choice.py and its record in benchmarks/results/)."""
         if not self.objective.robust:
             return
         order, ranked = self._to_refine(space), self.ranked()
@@ -110,9 +110,9 @@ class SearchRun:
     def _explore(self, space: SearchSpace) -> None:
         """What the coarse pass has not measured yet, then the refinement around the best two, again while a round
         replaced them (REFINE_ROUNDS at most), then with time left around every other variant that could still win, best
-        first (_time_left). Why the last: the bundled CNN's largest fit of 8 leaves a coarse pass of 3 maxima x 2 layouts,
-        and its search had ended after 11 variants in 70 s of a 90 s budget, its third best and below never tried with a
-        queue delay. With no load given, a padding backend's maxima above PADDED_FIRST come last, with the time left."""
+        first (_time_left). Why the last: a small model's coarse pass and refinement can end well inside the budget,
+        and the time left is best spent on the variants that could still win with a queue delay, rather than unused.
+        With no load given, a padding backend's maxima above PADDED_FIRST come last, with the time left."""
         grid = [p for p in coarse_grid(space) if p not in self.seen]
         later = [p for p in grid if padded_later(p, space)]  # a padding backend's large maxima, with the time left (PADDED_FIRST)
         self.measure([p for p in grid if p not in later], "coarse")
@@ -131,11 +131,10 @@ class SearchRun:
         what each could serve, not by what its worst level happened to show. A level another process's load reached
         (SUSPECT: kept when the repeats ran out, or below their threshold) is a lower bound and does not rank it; a
         variant whose batches did not fill at the ladder's lightest load ranks by its other loads until its fill delay
-        is measured (the delay is its likeliest gain, and the light load is where it fails). Why: under bursts the
-        bundled CNN's max 4 ranked third or fourth, on its concurrency-4 level (1085/s without a delay, max 2 1470/s)
-        and a concurrency-64 level a burst had halved, the 900 us delay that lifted it on the quiet machine was never
-        measured, and max 2 served 0.75x of the quiet choice (benchmarks/noisy_choice.py). `ratios`: _refine_ratios, when
-        the caller has them."""
+        is measured (the delay is its likeliest gain, and the light load is where it fails). Why: ranked by a light level
+        its delay would lift, or by a level a burst of other load pulled down, a variant that could win falls behind and
+        its refinement is never measured (see benchmarks/noisy_choice.py and its record in benchmarks/results/).
+        `ratios`: _refine_ratios, when the caller has them."""
         ranked = self.ranked()
         if not self.objective.robust:
             return ranked
@@ -159,8 +158,8 @@ class SearchRun:
         (a delay that fills its batches, once measured, is a variant of its own and refined if it comes within reach).
         The score: the throughput at the load; with no load given, the worst ratio to the best, a pending fill delay's
         light load set aside (_refine_ratios). With a latency budget, every variant (a refinement can bring one under it).
-        Why: with --concurrency 16 the bundled CNN's search spent 4 of its 17 variants refining 2 x 1-thread variants that
-        served 0.55-0.59x the best, and none of them came above 0.56x."""
+        Why: a refinement lifts a variant by a bounded amount (REFINE_LIFT, FILL_LIFT), so refining one that stays below
+        the leader even then spends the budget on variants that cannot be published."""
         if self.objective.robust:
             ratios = self._refine_ratios(space)
             rest = self._to_refine(space, ratios)[2:]
@@ -229,8 +228,8 @@ class SearchRun:
                 + sorted(rest, key=lambda v: -ratios[id(v)][0]))
 
     def _stop_climbing(self, curve: list[LoadLevel]) -> str:
-        """Why a variant's sweep ends before the objective is done with it ("" to go on): the time budget ran out (one
-        transformer variant's four loads once took 80 s of a 90 s budget), or it is out of the running."""
+        """Why a variant's sweep ends before the objective is done with it ("" to go on): the time budget ran out (a slow
+        model's heavy loads can take most of the budget on one variant), or it is out of the running."""
         if self.clock.passed(explore=True):
             return f"stopped climbing at concurrency {curve[-1].concurrency}: the time budget ran out"
         return self._out_of_running(curve) if self.objective.robust else ""

@@ -152,7 +152,7 @@ def remote_server(result: TuneResult, request: SearchRequest, search: ServedSear
     client = open_client(request.protocol, request.url, 10.0)
 
     def check_alive() -> None:
-        try:  # a server shutting down still answers here; the loads that fail on it tell (SearchRun._measure_group)
+        try:  # a server shutting down still answers here; the loads that fail on it tell (VariantMeasurer.measure_group)
             if client.is_server_live():
                 return
         except Exception:

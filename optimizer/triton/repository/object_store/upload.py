@@ -18,12 +18,12 @@ written first and last:
   5. commit config.pbtxt := the rendered config, with a Last-Modified later than every other object of the
             model (S3 keeps whole seconds; Triton's poller reloads only when the newest time under a model grows).
 
-Measured with tritonserver 2.51 on moto's S3 (polling every second, and explicit mode): a folder holding only
-1/model.onnx was auto-completed, loaded and answered (max_batch_size 0, no dynamic batching) before its
-config.pbtxt arrived; under the gate a new model was never loaded (an explicit load request was refused with
-"at least one version must be available under the version policy") and a served model kept answering with its
-loaded version while its files were replaced or a version was added, switching only at the commit; a version
-folder without its model file failed to load (NO_SUCHFILE), it did not load half.
+What tritonserver (2.51, polling or explicit mode) does with an S3 repository, and tests/test_object_store.py checks
+against moto's S3: a folder holding only 1/model.onnx is auto-completed, loaded and answered (max_batch_size 0, no
+dynamic batching) before its config.pbtxt arrives; under the gate a new model is never loaded (an explicit load
+request is refused with "at least one version must be available under the version policy") and a served model keeps
+answering with its loaded version while its files are replaced or a version is added, switching only at the commit; a
+version folder without its model file fails to load (NO_SUCHFILE), it does not load half.
 
 A failure before the commit takes back what it can (a new model's objects, an added version) and says what is
 left: the gate config never lets Triton load the partial model. Publishers are not serialized (S3 has no lock);
