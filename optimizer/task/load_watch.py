@@ -2,8 +2,8 @@
 
 core_share.probe looks once, before measuring begins. Real background load comes and goes (a build step, another
 job's bursts): on a machine that was quiet at the probe, a 2 s burst that lands in one variant's window makes that
-variant look slower than its neighbours, and the search publishes whichever variant the bursts missed
-(benchmarks/noisy_choice.py, issue 27: 0.77-0.82x of the quiet choice under 2 s on / 3 s off bursts). A watch reads
+variant look slower than its neighbours, and the search would publish whichever variant the bursts missed
+(benchmarks/noisy_choice.py and its record in benchmarks/results/). A watch reads
 others' CPU (cpu_load.py) beside the measurement with this process tree as our own (the server, its backends' stubs and
 perf_analyzer are children), so what remains is other processes' load. In-process measurement has the same guard
 with its own process's CPU (task/profiling.py: ContentionMeter, measure_settled).

@@ -71,8 +71,8 @@ def peak_rss_mb() -> float:
 
 
 STEADY_LOAD = 0.05
-"""A retake whose others' CPU share is within this of the first take's saw a steady load (a spinning core measured
-46-50% on both takes here): taking it again only multiplies the time; a load that comes and goes drops by more."""
+"""A retake whose others' CPU share is within this of the first take's saw a steady load (a spinning core reads about the
+same share on both takes): taking it again only multiplies the time; a load that comes and goes drops by more."""
 
 
 class _Load:
@@ -88,9 +88,8 @@ def measure_settled(run: Callable[[], Any], batch_size: int, settings: ProfileSe
     for that load to fall first (QUIET_WAIT_S at most, once per process for a load that stays). Keeps the least
     disturbed one.
 
-    Why the wait: under 2 s on / 3 s off bursts a retake 0.2 s later met the same burst and was read as a steady load;
-    the bundled transformer's OpenVINO batches 2 and 4 then stood at 0.7x their quiet figures, its batch search
-    stopped at 4 with max 1, and the export published TorchScript (benchmarks/noisy_choice.py)."""
+    Why the wait: a retake right after a burst meets the same burst and reads it as a steady load, so the disturbed
+    figures stand and can decide the batch search and the backend (benchmarks/noisy_choice.py)."""
     best = measure(run, batch_size, settings)
     quiet = settings.busy_share * len(available_cores())  # in cores, as the load watch reads them
     tries = 0
