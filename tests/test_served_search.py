@@ -10,10 +10,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from optimizer.model.samples import save_feeds
+from optimizer.model.signature import Signature
+from optimizer.model.traffic import Traffic
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSearch, ServedVariant
 from optimizer.triton.config.model_config import parse
 from optimizer.triton.repository.publish import PublishOptions, prepare_config
@@ -26,7 +30,7 @@ from optimizer.triton.measure.served_search.objective import Objective, robust_r
 from optimizer.triton.measure.served_search.points import SearchSpace, better, close, coarse_grid, fill_delay_us, layouts, max_batches, refinements, seed_concurrency
 from optimizer.triton.measure.prediction import predict_throughput
 from tests.conftest import run_cli
-from tests.triton_records import make_result
+from tests.triton_records import make_result, tensor
 
 START = OperatingPoint(8, (8,), 200, 1, 2)
 
@@ -380,6 +384,8 @@ class _Bench(search_module.Bench):
     clock: Any = None  # the search's clock (None: the real one)
 
     def measure(self, model, concurrency, window_ms):
+        if "padded" in Path(self.input_data).name:  # the padding trial's bench: the traffic padded to bucket edges
+            return self.served(self.loader.points[model], concurrency, padded=True)
         return self.served(self.loader.points[model], concurrency)
 
     def warm(self, model, concurrency, requests):
@@ -434,15 +440,23 @@ class _Run:
 
 
 def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_largest: int = 64, budget_s: float = 600.0, wrong: str = "",
-         baseline: float | None = None, start_max: int = 8, pads: bool = False, watch=None, quiet=None, clock=None):
+         baseline: float | None = None, start_max: int = 8, pads: bool = False, watch=None, quiet=None, clock=None,
+         lengths: list[int] | None = None):
     """Run the public served_search() against `served(point, concurrency) -> LoadLevel`: a result whose in-process
     rules start at max `start_max` (its peak) and whose largest batch that fit is `decision_largest`; the repository API
     and perf_analyzer are replaced (_Rig), the order, the scoring and the publishing choice are the real ones."""
     platform = "openvino" if pads else "onnxruntime_onnx"
     params = {"INFERENCE_NUM_THREADS": "2", "ENABLE_BATCH_PADDING": "YES"} if pads else {"intra_op_thread_count": 2}
     m = request.user_max or min(start_max, decision_largest)  # the rules' start: the user's max, else the peak within what fit
-    result = make_result(tmp_path / f"run{len(list(tmp_path.glob('run*')))}", platform, max_batch=m, knee=m, triton_settings={"parameters": params})
+    run_dir = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+    inputs = (tensor("tokens", "int64", "1-64"),) if lengths else (tensor("image", "float32", "3x8x8"),)
+    result = make_result(run_dir, platform, inputs=inputs, max_batch=m, knee=m, triton_settings={"parameters": params})
     result.selected_candidate.decision.largest_fit = request.user_max or decision_largest
+    if lengths:  # a traffic of these token lengths, one request each
+        traffic = Traffic(tuple({"tokens": np.arange(n, dtype=np.int64)[None]} for n in lengths), "file", "--traffic t.json")
+        save_feeds(run_dir / "samples" / "traffic.npz", list(traffic.requests))
+        result.reference = replace(result.reference, traffic=str(run_dir / "samples" / "traffic.npz"))
+        result.traffic = traffic.summary(Signature.from_json(result.signature)).to_json()
     rig = _Rig({"served": served, "wrong": wrong, "watcher": watch or _QuietWatch, "quiet": quiet, "clock": clock}, baseline)
     request = replace(request, budget_s=budget_s, use_cache=False, workdir=tmp_path / "search")
     search = served_search(result, PublishOptions(tmp_path / "repo", "m"), request, rig=rig)
@@ -1094,3 +1108,38 @@ def test_a_padding_backend_is_never_refined_with_a_preferred_size_below_its_max(
     assert any(p.preferred == (4,) for p in refinements(best, space(peak=4, concurrency=16), {best}))  # a backend that does not pad
 
 
+
+
+# -- same-shape batching and client padding ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gain,advised", [(1.5, True), (1.04, False)])
+def test_padding_is_advised_only_when_the_padded_traffic_scores_clearly_better(monkeypatch, tmp_path: Path, gain, advised):
+    """A traffic of mixed lengths: the two best variants are measured again with every request padded to the bucket edges;
+    padding is advised (and the published variant is the one measured padded) only when that scores 10% better."""
+    def served(point: OperatingPoint, c: int, padded: bool = False) -> LoadLevel:
+        base = _two_instances_and_batch_16(point, c)
+        return level(c, base.throughput * (gain if padded else 1.0))
+
+    _, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path, concurrency=16), lengths=[1, 3, 5, 9, 17, 33, 60, 7, 2])
+    padding = search.client_padding
+    assert padding["answers_agree"] and padding["edges"] == [1, 2, 4, 8, 16, 32, 64] and padding["advised"] is advised, padding
+    padded = [v for v in search.variants if v.stage == "padded"]
+    assert len(padded) == 2 and all(v.traffic == "padded" and v.status == "measured" for v in padded)
+    assert search.padded is advised and search.chosen_variant.traffic == ("padded" if advised else "")
+    assert search.chosen in {v.point for v in padded} if advised else search.chosen_variant.stage != "padded"
+    assert ("scores 1.50x" if advised else "under the 10% it must gain") in padding["why"]
+
+
+def test_the_padding_trial_keeps_time_for_a_dear_variant():
+    from optimizer.triton.measure.served_search.padding import padding_reserve
+
+    clock = clock_module.BudgetClock(90.0, 90.0, now=lambda: 0.0)
+    assert padding_reserve(clock, 90.0) == pytest.approx(18.0)  # a fifth, before anything was measured
+    clock.record_cost(False, 30.0)
+    assert padding_reserve(clock, 90.0) == pytest.approx(33.0)  # the dearest variant's time, with a margin
+    clock.record_cost(False, 80.0)
+    assert padding_reserve(clock, 90.0) == pytest.approx(36.0)  # never more than two fifths
+    with clock.holding_back(lambda: 36.0):
+        assert clock.fits(4) == 0 and clock.passed(60.0)  # 54 s left for the search: not one 80 s variant
+    assert not clock.passed(60.0)

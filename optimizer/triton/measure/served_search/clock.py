@@ -54,16 +54,24 @@ class BudgetClock:
         """The slowest variant measured after the start, else the start's."""
         return max(self.costs) if self.costs else self.start_cost
 
+    held = staticmethod(lambda: 0.0)
+    """(not a field) Seconds held back for a stage after the search (holding_back), worked out when asked: it may grow with what
+    variants cost."""
+
+    def _ends(self, explore: bool) -> float:
+        end = self.deadline - self.held()
+        return min(end, self.explore_deadline) if explore else end
+
     def fits(self, wanted: int) -> int:
         """How many more variants fit before the exploration's deadline at the slowest cost so far."""
         cost = self.variant_cost()
         if not cost:
             return wanted
-        return max(0, min(wanted, int((self.explore_deadline - self.now()) // cost)))
+        return max(0, min(wanted, int((self._ends(True) - self.now()) // cost)))
 
     def passed(self, seconds: float = 0.0, explore: bool = False) -> bool:
         """Whether `seconds` from now would be past the deadline (the exploration's, when `explore`)."""
-        return self.now() + seconds > (self.explore_deadline if explore else self.deadline)
+        return self.now() + seconds > self._ends(explore)
 
     @staticmethod
     def level_cost(window_ms: int) -> float:
@@ -79,7 +87,7 @@ class BudgetClock:
 
     def may_retake(self, seconds: float) -> bool:
         """Whether measuring again (waiting, then `seconds` of measuring) fits the exploration and REMEASURE_SHARE."""
-        return self.now() + seconds <= self.explore_deadline and self.retried_s + seconds <= REMEASURE_SHARE * self.budget_s
+        return self.now() + seconds <= self._ends(True) and self.retried_s + seconds <= REMEASURE_SHARE * self.budget_s
 
     def add_retake(self, seconds: float) -> None:
         """Time spent waiting out others' load and measuring again: it moves the deadlines back."""
@@ -97,11 +105,11 @@ class BudgetClock:
             self.explore_deadline = self.deadline
 
     @contextmanager
-    def holding_back(self, seconds: float) -> Iterator[None]:
-        """Within the block the whole search stops `seconds` earlier (time kept for a stage that follows it)."""
-        self.deadline -= seconds
-        self.explore_deadline = min(self.explore_deadline, self.deadline)
+    def holding_back(self, seconds: Callable[[], float]) -> Iterator[None]:
+        """Within the block the whole search stops `seconds()` earlier: time kept for a stage that follows it, worked out
+        at each check (so it can grow with what a variant costs)."""
+        self.held = seconds
         try:
             yield
         finally:
-            self.deadline += seconds
+            self.held = lambda: 0.0

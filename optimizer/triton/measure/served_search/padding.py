@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer.model.signature import Signature
 from optimizer.model.traffic import Traffic
-from optimizer.records.served_search import ServedSearch, ServedVariant
+from optimizer.records.served_search import ServedVariant
 from optimizer.triton.measure.served_search.measure import request_mix
 from optimizer.triton.measure.served_search.objective import robust_ratios
 from optimizer.triton.measure.served_search.request import SearchRequest
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from optimizer.triton.measure.served_search.run import SearchRun
 
 PADDING_SHARE = 0.2
-"""Of the budget, what the padding trial keeps: the two best variants measured under the padded traffic."""
+PADDING_SHARE_MOST = 0.4
+"""What the padding trial keeps of the budget: a fifth, or the time the dearest variant measured so far would take, up to
+two fifths (a slow model's variant can cost more than a fifth of a short budget, and the trial then measured nothing)."""
 PADDING_GAIN = 0.10
 """Padding is advised when the padded traffic scores at least this much better: clients pay for it in code."""
 
@@ -40,14 +42,21 @@ class PaddingTrial:
     padded_score: float | None = None  # the best variant's score under the padded traffic
     advised: bool = False
     why: str = ""
+    point: dict[str, Any] | None = None  # advised: the variant measured best with padded requests (OperatingPoint.to_json())
 
     def to_json(self) -> dict[str, Any]:
         """report.json's client_padding (advised) or the reason none is advised."""
         return {"axes": self.axes, "edges": self.edges, "advised": self.advised, "answers_agree": not self.answers,
-                "mixed_score": self.mixed_score, "padded_score": self.padded_score, "why": self.why}
+                "mixed_score": self.mixed_score, "padded_score": self.padded_score, "why": self.why,
+                **({"point": self.point} if self.point else {})}
 
 
-def padding_trial(run: SearchRun, trial: PaddingTrial, request: SearchRequest, search: ServedSearch, fronted: bool) -> PaddingTrial:
+def padding_reserve(clock: Any, budget_s: float) -> float:
+    """Seconds to keep for the trial (PADDING_SHARE, or the dearest variant's cost, up to PADDING_SHARE_MOST)."""
+    return min(PADDING_SHARE_MOST * budget_s, max(PADDING_SHARE * budget_s, 1.1 * clock.variant_cost()))
+
+
+def padding_trial(run: SearchRun, trial: PaddingTrial, request: SearchRequest, fronted: bool) -> PaddingTrial:
     """Measure the two best variants under the traffic padded to bucket edges; advise padding when the padded answers
     agreed with the unpadded ones (checked on the start) and the padded traffic scores PADDING_GAIN better (padding.py)."""
     edges = ", ".join(map(str, trial.edges))
@@ -72,7 +81,7 @@ def padding_trial(run: SearchRun, trial: PaddingTrial, request: SearchRequest, s
         trial.advised = True
         trial.why = (f"padded to {edges}, the traffic scores {gain:.2f}x what it scores as it comes ({best_padded.point.label}); padded "
                      "answers, cut back to each request's length, agree within the export's tolerances")
-        search.client_padding = {**trial.to_json(), "point": best_padded.point.to_json()}
+        trial.point = best_padded.point.to_json()
     else:
         trial.why = f"padded to {edges}, the traffic scores {gain:.2f}x what it scores as it comes, under the {PADDING_GAIN:.0%} it must gain"
     return trial

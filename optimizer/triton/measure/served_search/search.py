@@ -33,7 +33,7 @@ from optimizer.triton.measure.served_search.kinds import enter_other_kind, other
 from optimizer.triton.measure.served_search.clock import BudgetClock
 from optimizer.triton.measure.served_search.measure import request_mix
 from optimizer.triton.measure.served_search.measurer import VariantMeasurer
-from optimizer.triton.measure.served_search.padding import PADDING_SHARE, PaddingTrial, padded_answers, padding_trial
+from optimizer.triton.measure.served_search.padding import PaddingTrial, padded_answers, padding_reserve, padding_trial
 from optimizer.triton.measure.served_search.points import HELD_LAYOUT, SearchSpace, latency_at
 from optimizer.triton.measure.served_search.request import SearchRequest
 from optimizer.triton.measure.served_search.run import SearchRun
@@ -171,7 +171,8 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
                                                             f"backend {artifact.platform.backend})", 1)
             measurer.bench = replace(bench, window_ms=bench.window_for(best.throughput))
             search.status = "searched"
-            with clock.holding_back(PADDING_SHARE * request.budget_s if trial is not None and not trial.answers else 0.0):
+            padded_later = trial is not None and not trial.answers
+            with clock.holding_back(lambda: padding_reserve(clock, request.budget_s) if padded_later else 0.0):
                 other = other_kind(result, options, request, gpu) if not beside else None
                 if other is None:
                     search.kinds = "no candidate of the other kind (padding or not) entered: " + (
@@ -183,7 +184,7 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
                     raise ServerError(f"{run.gone}; every variant it had loaded was unloaded where it could be, nothing was published")
                 run.measure_lone_request()
             if trial is not None:
-                search.client_padding = padding_trial(run, trial, request, search, fronted).to_json()
+                search.client_padding = padding_trial(run, trial, request, fronted).to_json()
             elif traffic is not None:
                 search.client_padding = {"advised": False, "why": "the traffic comes in one shape" if sig.is_dynamic else "the model has no dynamic axis"}
             search.remeasured, search.retried_s = measurer.remeasured, round(clock.retried_s, 1)
