@@ -346,7 +346,8 @@ class _Loader:
             threads = config.parameters[key].string_value if key else ""
             self.points[name] = OperatingPoint(config.max_batch_size, tuple(config.dynamic_batching.preferred_batch_size),
                                                config.dynamic_batching.max_queue_delay_microseconds,
-                                               sum(g.count or 1 for g in config.instance_group) or 1, int(threads) if threads.isdigit() else None)
+                                               sum(g.count or 1 for g in config.instance_group) or 1, int(threads) if threads.isdigit() else None,
+                                               candidate)
         self.loaded |= set(configs)
         self.max_loaded = max(self.max_loaded, len(self.loaded))
         return {}
@@ -441,7 +442,7 @@ class _Run:
 
 def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_largest: int = 64, budget_s: float = 600.0, wrong: str = "",
          baseline: float | None = None, start_max: int = 8, pads: bool = False, watch=None, quiet=None, clock=None,
-         lengths: list[int] | None = None):
+         lengths: list[int] | None = None, other_kind: bool = False):
     """Run the public served_search() against `served(point, concurrency) -> LoadLevel`: a result whose in-process
     rules start at max `start_max` (its peak) and whose largest batch that fit is `decision_largest`; the repository API
     and perf_analyzer are replaced (_Rig), the order, the scoring and the publishing choice are the real ones."""
@@ -452,6 +453,12 @@ def _run(monkeypatch, tmp_path: Path, served, request: SearchRequest, decision_l
     inputs = (tensor("tokens", "int64", "1-64"),) if lengths else (tensor("image", "float32", "3x8x8"),)
     result = make_result(run_dir, platform, inputs=inputs, max_batch=m, knee=m, triton_settings={"parameters": params})
     result.selected_candidate.decision.largest_fit = request.user_max or decision_largest
+    if other_kind:  # a passed candidate of the other kind (onnxruntime beside openvino), slower in-process
+        other = make_result(run_dir / "other", "onnxruntime_onnx", inputs=inputs, max_batch=8, knee=8,
+                            triton_settings={"parameters": {"intra_op_thread_count": 2}}).selected_candidate
+        other.decision.largest_fit = decision_largest
+        other.decision.profiles = [replace(p, throughput=p.throughput / 2) for p in other.decision.profiles]
+        result.candidates.append(other)
     if lengths:  # a traffic of these token lengths, one request each
         traffic = Traffic(tuple({"tokens": np.arange(n, dtype=np.int64)[None]} for n in lengths), "file", "--traffic t.json")
         save_feeds(run_dir / "samples" / "traffic.npz", list(traffic.requests))
@@ -1143,3 +1150,20 @@ def test_the_padding_trial_keeps_time_for_a_dear_variant():
     with clock.holding_back(lambda: 36.0):
         assert clock.fits(4) == 0 and clock.passed(60.0)  # 54 s left for the search: not one 80 s variant
     assert not clock.passed(60.0)
+
+
+def test_the_other_kind_of_backend_enters_the_search_and_wins_on_served_measurements(monkeypatch, tmp_path: Path):
+    """The in-process pick pads every execution to max_batch_size (openvino); a slower onnxruntime candidate computes only
+    the rows that came. It enters the same server, and where it serves the load better it is what the search chooses, in
+    the layout that serves it best (its own coarse pass)."""
+    def served(point: OperatingPoint, c: int) -> LoadLevel:
+        if point.candidate:  # onnxruntime: ahead at every load, and two single-thread instances serve it best
+            return level(c, min(1100.0 * c, 1800.0 if point.instances == 2 else 1200.0))
+        return _padded_to_max(point, c)
+
+    _, search, _, _ = _run(monkeypatch, tmp_path, served, SearchRequest(tmp_path), decision_largest=8, pads=True, other_kind=True)
+    assert "onnxruntime[cpu] (which computes only the rows that came) entered the search" in search.kinds
+    assert search.candidate == "onnxruntime[cpu]" and search.chosen.candidate == "onnxruntime[cpu]"
+    assert search.chosen.instances == 2, search.chosen  # found by the other kind's own coarse pass
+    assert {v.point.candidate for v in search.variants} == {"", "onnxruntime[cpu]"}
+

@@ -63,7 +63,8 @@ def why_no_other_kind(result: TuneResult) -> str:
 def enter_other_kind(run: SearchRun, name: str, where: Any, options: PublishOptions, request: SearchRequest, search: ServedSearch,
                       space: SearchSpace) -> None:
     """Measure the other kind's candidate in the same server: its rules' config, max 1, and its peak without a delay, in
-    the selected one's instance layout; from then on its variants compete with the rest (refined when among the best)."""
+    the selected one's instance layout; from then on its variants compete with the rest: its coarse pass (every layout and
+    max) joins the search's, first when it leads, and it is refined when among the best."""
     from optimizer.triton.measure.served_search.run import OutOfTime
 
     selected = run.measurer.result

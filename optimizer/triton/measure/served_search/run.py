@@ -113,8 +113,8 @@ class SearchRun:
         first (_time_left). Why the last: a small model's coarse pass and refinement can end well inside the budget,
         and the time left is best spent on the variants that could still win with a queue delay, rather than unused.
         With no load given, a padding backend's maxima above PADDED_FIRST come last, with the time left."""
-        grid = [p for p in coarse_grid(space) if p not in self.seen]
-        later = [p for p in grid if padded_later(p, space)]  # a padding backend's large maxima, with the time left (PADDED_FIRST)
+        grid = self._coarse_points(space)
+        later = [p for p in grid if padded_later(p, self.spaces.get(p.candidate, space))]  # with the time left (PADDED_FIRST)
         self.measure([p for p in grid if p not in later], "coarse")
         for _ in range(REFINE_ROUNDS):
             if not self._refine(self._to_refine(space)[:2], space):
@@ -125,6 +125,15 @@ class SearchRun:
         if later:
             self.measure(later, "coarse")
             self._refine(self._to_refine(space)[:2], space)
+
+    def _coarse_points(self, space: SearchSpace) -> list[OperatingPoint]:
+        """The coarse pass of every candidate in the search (the selected one's and another kind's), the candidate whose
+        variant ranks highest first: when the other kind already leads, its layouts and maxima are measured before the
+        selected one's."""
+        grids = {"": coarse_grid(space), **{c: [replace(p, candidate=c) for p in coarse_grid(own)] for c, own in self.spaces.items()}}
+        ranked = self.ranked()
+        order = sorted(grids, key=lambda c: next((i for i, v in enumerate(ranked) if v.point.candidate == c), len(ranked)))
+        return [p for c in order for p in grids[c] if p not in self.seen]
 
     def _to_refine(self, space: SearchSpace, ratios: dict[int, tuple[float, int]] | None = None) -> list[ServedVariant]:
         """Measured variants in the order their refinements are tried: the objective's ranking; with no load given, by
