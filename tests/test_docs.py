@@ -49,3 +49,15 @@ def test_mkdocs_build_strict_passes(tmp_path: Path):
     assert "aitune-export export" in cli and "--max-batch-size" in cli, "the CLI reference was not generated from the click commands"
     api = (site / "api" / "index.html").read_text()
     assert "ExportSettings" in api and "NoCandidateError" in api, "the API page was not generated from the docstrings"
+
+
+def test_the_version_moves_with_the_changelog():
+    """The package version, pyproject's and the newest release in CHANGELOG.md are one version."""
+    import re
+    import tomllib
+
+    from optimizer._version import __version__
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", (ROOT / "CHANGELOG.md").read_text(), flags=re.M)
+    assert __version__ == pyproject == releases[0], (__version__, pyproject, releases[:1])
