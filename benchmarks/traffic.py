@@ -64,7 +64,8 @@ def main() -> int:
     loads = tuple(int(x) for x in args.loads.split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="aitune-traffic-"))
     work.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"benchmark": "traffic", "command": " ".join([Path(sys.executable).name, *sys.argv]), "loads": list(loads),
+    shown = [a for i, a in enumerate(sys.argv) if a != "--workdir" and (i == 0 or sys.argv[i - 1] != "--workdir")]  # a scratch folder
+    record: dict[str, Any] = {"benchmark": "traffic", "command": " ".join(["python", *shown]), "loads": list(loads),
                               "rounds": args.rounds, "models": {}}
     lines: list[str] = []
     for name in args.models.split(","):
@@ -96,12 +97,12 @@ def one_model(name: str, spec: dict[str, Any], loads: tuple[int, ...], rounds: i
         (work / f"export_{kind}.log").write_text(run.stdout + run.stderr)
         if run.returncode != 0:
             raise SystemExit(f"the {kind} export of {name} failed: {run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.returncode}")
-        out["exports"][kind] = {"seconds": round(time.monotonic() - t0, 1), "repository": str(repo)}
+        out["exports"][kind] = {"seconds": round(time.monotonic() - t0, 1)}
         print(f"exported {name} ({kind}) in {time.monotonic() - t0:.0f} s", flush=True)
     cores = cpu_cores()
     export = open_export(work / "repo_traffic", name, work / "report_traffic")
     emitted = export.emitted()
-    out["exports"]["traffic"]["emitted"] = emitted.point.label + (" (clients pad)" if emitted.padded else "")
+    out["exports"]["traffic"]["emitted"] = f"{export.result.selected}: {emitted.point.label}" + (" (clients pad)" if emitted.padded else "")
     grid = [export.variant(OperatingPoint(b, (), d, n, cores // n if export.thread_parameter else None))
             for b in GRID_BATCHES for d in GRID_DELAYS for n in _layouts(cores) if not (b == 1 and d)]
     load = Load(loads[0], "benchmarks/traffic.py", Objective(concurrency=loads[0]))
@@ -124,7 +125,7 @@ def one_model(name: str, spec: dict[str, Any], loads: tuple[int, ...], rounds: i
         out["pair_traffic"] = _pairs(lab, export, emitted, loads, rounds, name, "traffic", lines)
     default = open_export(work / "repo_default", name, work / "report_default")
     d_emitted = default.emitted()
-    out["exports"]["default"]["emitted"] = default.result.selected + ": " + d_emitted.point.label
+    out["exports"]["default"]["emitted"] = f"{default.result.selected}: {d_emitted.point.label}" + (" (clients pad)" if d_emitted.padded else "")
     with Lab(default, load, work / "lab_default", traffic=held_out) as lab:
         out["pair_default"] = _pairs(lab, default, d_emitted, loads, rounds, name, "default", lines)
     return out
