@@ -228,17 +228,17 @@ def test_an_export_for_a_traffic_file_measures_it_from_one_client_up_and_checks_
     traffic's shapes, every variant measured at the loads of the range with the traffic's requests, and the padding
     trial's answer check passed (whether padding is advised is the measurements' call, and the report says why)."""
     rng = np.random.default_rng(3)
-    lengths = [int(min(32, max(1, round(x)))) for x in rng.lognormal(np.log(6), 0.8, 40)]
+    lengths = [int(min(32, max(1, round(x)))) for x in rng.lognormal(np.log(6), 0.8, 24)]
     _write(in_tmp, {"data": [{"input_ids": {"content": rng.integers(0, 50, n).tolist(), "shape": [n]},
                               "attention_mask": {"content": [1] * n, "shape": [n]}} for n in lengths]})
     r = run_cli("export", "tests.fixtures.models:masked_encoder", "--input", "input_ids:int64:1-32", "--input", "attention_mask:int64:1-32",
                 "--value-range", "input_ids:0:49", "--value-range", "attention_mask:1:1", "--traffic", "traffic.json",
-                "--backend", "onnxruntime", "--eager-gate", "disabled", "--max-batch-size", "8", "--concurrency", "1:4",
-                "--serve-search-seconds", "45", "--repository", "repo", cwd=in_tmp, serve_search=True)
+                "--backend", "onnxruntime", "--eager-gate", "disabled", "--max-batch-size", "4", "--concurrency", "1:4",
+                "--serve-search-seconds", "30", "--repository", "repo", cwd=in_tmp, serve_search=True)
     assert r.returncode == 0, r.stderr
     report = json.loads(next(in_tmp.glob("aitune-reports/*/report.json")).read_text())
     traffic = report["result"]["traffic"] if "result" in report else report["traffic"]
-    assert traffic["source"] == "file" and traffic["requests"] == 40 and sum(c for _, c in traffic["histogram"]) == 40
+    assert traffic["source"] == "file" and traffic["requests"] == 24 and sum(c for _, c in traffic["histogram"]) == 24
     assert traffic["shapes"]["max"]["input_ids[1]"] == max(lengths)
     search = report["published"]["served_search"]
     assert search["status"] == "searched" and search["objective"] == "range", search.get("reason")
