@@ -230,7 +230,6 @@ def test_only_a_padding_backends_searched_max_is_replaced_in_the_rules_point():
 
     from optimizer.app.export import _padded_max_for_every_load
     from optimizer.records.triton_platforms import PLATFORMS
-    from optimizer.settings import ExportSettings
 
     rising = [profile(b, 100.0 * b ** 0.5) for b in SIZES]
 
@@ -240,12 +239,11 @@ def test_only_a_padding_backends_searched_max_is_replaced_in_the_rules_point():
         return SimpleNamespace(selected_candidate=cand, max_batch_size=128, selection_reason="fastest")
 
     padded = result("openvino")
-    _padded_max_for_every_load(padded, ExportSettings())
+    _padded_max_for_every_load(padded, None)
     assert padded.max_batch_size == every_load_max(rising) < 128
     assert "not the in-process peak 128" in padded.selection_reason and "openvino backend computes max_batch_size rows" in padded.selection_reason
-    for unchanged, settings in ((result("onnxruntime_onnx"), ExportSettings()), (result("openvino"), ExportSettings(max_batch_size="128")),
-                                (result("openvino", "recorded"), ExportSettings())):
-        _padded_max_for_every_load(unchanged, settings)
+    for unchanged, user_max in ((result("onnxruntime_onnx"), None), (result("openvino"), 128), (result("openvino", "recorded"), None)):
+        _padded_max_for_every_load(unchanged, user_max)
         assert unchanged.max_batch_size == 128 and unchanged.selection_reason == "fastest"
 
 

@@ -92,12 +92,12 @@ def test_a_config_published_after_wrong_served_answers_carries_a_warning(monkeyp
               "'output__0' at batch=3: max abs error 0.101, max rel error 5.95 (atol 0.05, rtol 0.05)")
     monkeypatch.setattr(served, "served_search", lambda *a, **k: ServedSearch(status="skipped", reason=reason))
     result = make_result(tmp_path)
-    search = _serve_search(ExportSettings(serve_search_seconds=20), SimpleNamespace(cache_root=tmp_path, server=None),
+    search = _serve_search(ExportSettings(serve_search_seconds=20), SimpleNamespace(cache_root=tmp_path, server=None, load=(None, None), user_max=None),
                            result, None, tmp_path / "work", lambda event: None)
     assert search.reason == reason
     assert [w for w in result.warnings if "its answers are wrong" in w and "aitune-export validate" in w]
     monkeypatch.setattr(served, "served_search", lambda *a, **k: ServedSearch(status="off", reason="the budget ran out"))
     result = make_result(tmp_path / "other")
-    _serve_search(ExportSettings(serve_search_seconds=20), SimpleNamespace(cache_root=tmp_path, server=None),
+    _serve_search(ExportSettings(serve_search_seconds=20), SimpleNamespace(cache_root=tmp_path, server=None, load=(None, None), user_max=None),
                   result, None, tmp_path / "work", lambda event: None)
     assert not result.warnings

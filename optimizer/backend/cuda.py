@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 from optimizer.backend.base import Availability
+from optimizer.errors import SettingsError
 from optimizer.vocab import Device
 
 
@@ -44,3 +46,14 @@ def compute_capability(index: int) -> str | None:
         return None
     text = out.stdout.strip()
     return text if re.fullmatch(r"\d+\.\d+", text) else None
+
+
+def check_gpu(device: Device) -> None:
+    """--device cuda on a machine with no GPU at all fails now, not after every candidate was tried."""
+    seen = torch_cuda_availability(str(device))
+    if seen.ok:
+        return
+    driver = Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia/gpus").is_dir()
+    if not driver or "does not exist" in seen.reason:
+        where = "" if "does not exist" in seen.reason else " and no NVIDIA driver is loaded"
+        raise SettingsError(f"--device {device}: {seen.reason.rstrip('.')}{where}; use --device cpu, or run on a machine with that GPU.")

@@ -60,6 +60,20 @@ class LoadedModel:
         """The module without a DistributedDataParallel / FSDP wrapper."""
         return unwrap_distributed(self.module)
 
+    def snapshot_weights(self, work: Path) -> str | None:
+        """A callable source is rebuilt in each candidate's process; its weights saved here make it identical to ours."""
+        if self.source.kind != "callable" or self.module is None:
+            return None
+        import torch
+
+        work.mkdir(parents=True, exist_ok=True)
+        path = work / "state_dict.pt"
+        try:
+            torch.save(self.inner_module.state_dict(), path)
+        except RuntimeError as err:  # torch reports a failed write (a full disk) as RuntimeError
+            raise OSError(28, f"writing the weights snapshot failed ({err})", str(path)) from err
+        return str(path)
+
 
 def default_model_name(spec: str) -> str:
     """A Triton model name from a MODEL string: the callable's name unless generic, else the file or module stem."""

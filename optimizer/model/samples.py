@@ -143,3 +143,14 @@ def load_feeds(path: Path) -> list[Feed]:
             name, _, index = key.rpartition(".")
             groups.setdefault(int(index), {})[name] = data[key]
     return [groups[k] for k in sorted(groups)]
+
+
+def calibration_file(calibration_samples: str | None, signature: Signature, user_feeds: list[Feed], directory: Path) -> str | None:
+    """The .npz INT8 candidates are calibrated on: --calibration-samples, else the user's --samples; None when the
+    run has only generated inputs (then no INT8 candidate is built)."""
+    feeds = load_npz(Path(calibration_samples), signature) if calibration_samples else user_feeds
+    if not feeds:
+        return None
+    path = directory / "calibration.npz"
+    save_feeds(path, feeds)
+    return str(path)

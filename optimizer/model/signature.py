@@ -110,6 +110,13 @@ class Signature:
     def is_dynamic(self) -> bool:
         return any(t.dynamic_axes for t in self.inputs)
 
+    def describe(self) -> str:
+        """One line for the progress log: every tensor with its dtype, axes and where its shape came from."""
+        def one(t: TensorSpec) -> str:
+            return f"{t.name}:{t.dtype.name}:{'x'.join(map(str, t.axes)) or 'scalar'}" + (f" ({t.origin})" if t.origin else "")
+
+        return f"inputs {', '.join(one(t) for t in self.inputs)}; outputs {', '.join(one(t) for t in self.outputs)}"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "batching": self.batching,

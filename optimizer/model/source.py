@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from optimizer.errors import ModelLoadError
+from optimizer.errors import ModelLoadError, SettingsError
 from optimizer.model.loaded_model import (
     LoadedModel,
     ModelSource,
@@ -32,10 +32,14 @@ DEFAULT_MODEL = "optimizer.examples.cnn:build"
 _TORCHSCRIPT_SUFFIXES = frozenset({".pt", ".pth", ".ts", ".torchscript", ".jit"})
 
 
-def load_model(spec: str | None = None) -> LoadedModel:
-    """Load MODEL; None means the bundled example CNN."""
-    spec = spec or DEFAULT_MODEL
-    return load_source(classify(spec))
+def load_model(spec: str | None = None, module: Any = None, example_inputs: Any = None, pickle_dir: Path | None = None,
+               name: str | None = None) -> LoadedModel:
+    """Load MODEL, or wrap the Python API's `module` (pickled into `pickle_dir`); neither means the bundled example CNN."""
+    if module is not None:
+        if spec:
+            raise SettingsError("give either a MODEL string or a module, not both.")
+        return from_module(module, example_inputs, pickle_dir or Path("aitune-reports") / ".source", name)
+    return load_source(classify(spec or DEFAULT_MODEL))
 
 
 def classify(spec: str) -> ModelSource:

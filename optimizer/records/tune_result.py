@@ -5,11 +5,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from optimizer.errors import PublishError
+from optimizer.errors import Interrupted, NoCandidateError, OptimizerError, PublishError, SettingsError
 from optimizer.records.candidate import Candidate
 from optimizer.records.reference_set import ReferenceSet
 
 SCHEMA = 1
+
+
+@dataclass
+class Unpublished:
+    """Why a tuned run publishes nothing: the error the export raises once the report is written, and whether report.md
+    and the plots are rendered for it (not for a failed accuracy check or an interruption)."""
+
+    error: OptimizerError
+    render: bool
 
 
 @dataclass
@@ -48,6 +57,21 @@ class TuneResult:
             if c.name == self.selected:
                 return c
         raise PublishError("this result has no selected candidate; nothing can be published from it.")
+
+    def why_not_published(self, name: str, report_path: Any) -> Unpublished | None:
+        """A failed accuracy check, an interruption or no publishable candidate ends the run (None: publish). Once the
+        accuracy check passed, the result takes the published name `name`."""
+        broken = next((c for c in self.candidates if c.stage == "accuracy_check"), None)
+        if broken is not None:  # the user's check failed on a candidate's outputs: nothing is published
+            return Unpublished(SettingsError(broken.reason), render=False)
+        self.model_name = name
+        if self.interrupted:
+            return Unpublished(Interrupted(f"interrupted; candidate processes were stopped, the repository was not changed, partial results "
+                                           f"are in {report_path}."), render=False)
+        if self.selected is None:
+            reasons = "; ".join(f"{c.name}: {c.status} ({c.reason})" for c in self.candidates) or "no candidates"
+            return Unpublished(NoCandidateError(f"no candidate can be published ({reasons}). Details in {report_path}."), render=True)
+        return None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

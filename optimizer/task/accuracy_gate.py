@@ -69,6 +69,13 @@ def load_check(spec: str) -> Callable[[list[Outputs], list[Outputs]], Any]:
     return fn
 
 
+def check_on_reference(spec: str, reference_outputs: list[Outputs], names: list[str]) -> None:
+    """Call the user's --accuracy-check with the reference as both arguments: one that raises or returns garbage
+    is a SettingsError (exit 2) before anything is built."""
+    outputs = [{n: o[n] for n in names} for o in reference_outputs]
+    run_check(load_check(spec), spec, outputs, [dict(o) for o in outputs])
+
+
 def run_check(fn: Callable[..., Any], spec: str, reference: list[Outputs], candidate: list[Outputs]) -> tuple[float, bool]:
     """Call the user's check; it must return (number, bool). Raising or returning anything else is a SettingsError
     that names the check and what it did (the run stops: a broken check cannot judge anything)."""

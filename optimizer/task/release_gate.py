@@ -98,6 +98,20 @@ class ReleaseGate:
         """The first check that keeps this backend from being published, after --allow-version-mismatch."""
         return next((c for c in self.checks(backend) if c.blocks and not (self.allow_mismatch and c.overridable)), None)
 
+    def check_named(self, names: Sequence[str]) -> None:
+        """Each --backend the user named, refused now when the release cannot load it: one line naming both versions and the fix."""
+        from optimizer.backend import backend_named
+        from optimizer.errors import SettingsError
+
+        precision = self.precision if self.precision != "auto" else "fp32"  # auto's other precisions are checked as candidates
+        for name in names:
+            backend = backend_named(name).for_run(precision)
+            if self.onnx_model is not None and "onnx" not in backend.consumes:
+                continue  # it cannot build from an ONNX model at all; screening says so
+            check = self.refusal(backend)
+            if check is not None:
+                raise SettingsError(f"--triton-release {self.release.release}: {check.message()}")
+
     def overridden(self, backend: Backend) -> list[ReleaseCheck]:
         """The checks --allow-version-mismatch let through (each becomes a warning when this backend is published)."""
         return [c for c in self.checks(backend) if c.blocks and self.allow_mismatch and c.overridable]
