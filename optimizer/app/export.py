@@ -77,8 +77,8 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
     recorded = tuple(batch_sizes_of(user_feeds)) if user_feeds and signature.batching else ()
     on_event(Event("reference", "start"))
     try:
-        state_dict = model.snapshot_weights(work)
         reference = prepare_reference(model, signature, user_feeds, report_dir / "samples", traffic)
+        state_dict = model.snapshot_weights(work)
     except OSError as err:
         raise SettingsError(f"could not write the report folder {str(report_dir)!r}: {err.strerror or err}; choose another --report-dir.") from err
     calibration = calibration_file(settings.calibration_samples, signature, user_feeds, report_dir / "samples")

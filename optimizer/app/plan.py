@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optimizer.backend import check_named_precision
 from optimizer.backend.cuda import check_gpu
 from optimizer.backend.precision import check_precision
 from optimizer.errors import SettingsError
@@ -91,8 +92,9 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
             raise SettingsError(f"--template-dir {settings.template_dir!r} is not a directory.")
     tolerances = parse_tolerances(settings.tolerance)
     accuracy = parse_budget(settings.accuracy_budget, settings.accuracy_check)
-    check_precision(settings.precision, settings.device, real_samples=bool(settings.samples or settings.calibration_samples),
-                    backends=settings.backend if publishing else ())
+    check_precision(settings.precision, settings.device, real_samples=bool(settings.samples or settings.calibration_samples))
+    if publishing:
+        check_named_precision(settings.backend, settings.precision, settings.device)
     input_specs = [parse_input_spec(s) for s in settings.input]
     value_ranges = dict(parse_value_range(s) for s in settings.value_range)
     output_names = parse_output_names(settings.output_names)

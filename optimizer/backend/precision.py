@@ -29,13 +29,11 @@ CUDA_PRECISIONS = ("fp32", "fp16", "bf16")
 """What a GPU candidate may compute in (INT8 on GPUs is not built: TensorRT's implicit INT8 calibration is gone in 11)."""
 
 
-def check_precision(precision: str, device: str | Device, real_samples: bool = True, backends: Sequence[str] = ()) -> None:
-    """Reject an unknown precision, one the device does not build, one a named backend does not build, or INT8 with nothing
-    real to calibrate on, before any work starts."""
+def check_precision(precision: str, device: str | Device, real_samples: bool = True) -> None:
+    """Reject an unknown precision, one the device does not build, or INT8 with nothing real to calibrate on, before any work starts."""
     if precision not in PRECISION_CHOICES:
         raise SettingsError(f"--precision {precision!r} is not one of {', '.join(PRECISION_CHOICES)}.")
-    kind = Device.of(device).kind
-    cuda = kind == "cuda"
+    cuda = Device.of(device).is_cuda
     if precision != "auto" and precision not in (CUDA_PRECISIONS if cuda else CPU_PRECISIONS):
         if cuda:
             raise SettingsError(f"--precision {precision} is built for the CPU only (NNCF / ONNX Runtime quantization); "
@@ -46,15 +44,6 @@ def check_precision(precision: str, device: str | Device, real_samples: bool = T
         raise SettingsError("--precision int8 needs real inputs to calibrate on, and this run has only generated ones "
                             "(INT8 calibrated on random data gives accuracy figures that mean nothing); give --samples FILE.npz "
                             "or --calibration-samples FILE.npz.")
-    if precision == "auto":
-        return  # auto's precisions are checked as candidates
-    from optimizer.backend import backend_named
-
-    for name in backends:  # named on purpose: refused now, not after the other candidates ran
-        backend = backend_named(name).for_run(precision)
-        builds = backend.precisions.get(kind, frozenset({"fp32"}))
-        if kind in backend.devices and precision not in builds:
-            raise SettingsError(refusal(name, kind, precision, builds))
 
 
 def run_precisions(precision: str, device: str, real_samples: bool, bf16_native: bool) -> tuple[tuple[str, ...], list[str]]:
