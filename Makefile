@@ -1,6 +1,9 @@
 # Two entry points that work on a fresh machine: `make export` and `make test`.
 # Both create .venv on first use (torch==2.13.0 first, then the project and its tools).
 PYTHON ?= python3
+# Python may write the .pyc files it compiles (an environment's PYTHONDONTWRITEBYTECODE=1 is lifted for these targets):
+# the suite starts hundreds of Python processes, and without them each one compiles every module it imports again.
+export PYTHONDONTWRITEBYTECODE :=
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.aitune-installed

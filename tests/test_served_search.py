@@ -994,6 +994,9 @@ def test_export_searches_in_the_server_and_publishes_what_it_measured(in_tmp: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.long  # over a minute (a compile, a search and a validate sweep); CI covers its parts: the search at a given load
+# (test_core_share.py, test_remote_search.py), the pytorch stand-in serving torch-aoti (test_cpu_backends.py), validate
+# (test_validate.py) and the prediction against the searched curve (the made-up server's tests above)
 def test_torch_aoti_is_searched_at_the_load_given_and_validated_locally_through_the_pytorch_stand_in(in_tmp: Path):
     """The load given, through the pytorch stand-in (Triton 2.51 has no torch_aoti; see
     _searched_at_the_given_load_and_validated)."""
