@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -182,3 +183,47 @@ def test_a_level_that_never_settles_is_measured_roughly_and_flagged_not_failed(t
     # the served search's way: no retry with longer windows, straight to the rough mean
     assert quick.unstable == [1] and quick.rows[0].throughput > 0
     assert "re-measured" not in quick.note and "did not settle within 0%" in quick.note
+
+
+
+SILENT_CONFIG = """name: "silent"
+backend: "python"
+max_batch_size: 4
+input {{ name: "x" data_type: TYPE_FP32 dims: [3] }}
+output {{ name: "y" data_type: TYPE_FP32 dims: [3] }}
+instance_group {{ count: 1 kind: KIND_CPU }}
+"""
+
+SILENT_MODEL = """import time
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(3600)  # never answers: perf_analyzer's windows never close
+"""
+
+
+@pytest.mark.slow
+def test_a_run_that_stops_making_progress_is_stopped_with_the_level_and_the_fix(tmp_path: Path):
+    """A run bounded by its windows, not by the 900 s cap: a server that never answers (as when perf_analyzer's HTTP
+    client stalls) ends it after the grace, with one line naming the level, the protocol and what to change."""
+    from optimizer.triton.runtime.perf_analyzer import run_perf_analyzer
+    from optimizer.triton.runtime.server import LocalTritonServer
+
+    repo = tmp_path / "repo"
+    (repo / "silent" / "1").mkdir(parents=True)
+    (repo / "silent" / "config.pbtxt").write_text(SILENT_CONFIG.format())
+    (repo / "silent" / "1" / "model.py").write_text(SILENT_MODEL)
+    data = write_input_data(tmp_path / "in.json", [{"x": np.ones((1, 3), np.float32)}], batching=True)
+    settings = PerfSettings(concurrency=ConcurrencyRange(2, 2), measurement_interval_ms=200, max_trials=3, stall_grace_s=5)
+    assert settings.timeout_s >= 900  # the cap is not what ends it
+    with LocalTritonServer(repo) as server:
+        server.load("silent")
+        started = time.monotonic()
+        with pytest.raises(ValidationError) as stalled:
+            run_perf_analyzer("silent", server.http_url, data, tmp_path / "pa", settings)
+        took = time.monotonic() - started
+    assert took < 30
+    message = str(stalled.value)
+    assert "stopped making progress at concurrency 2 over http" in message and "--protocol grpc" in message
+    assert "\n" not in message

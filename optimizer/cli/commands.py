@@ -271,8 +271,9 @@ def report_command(report_json: str, output_dir: str | None) -> None:
 @click.option("--model", metavar="NAME", help="The model to validate (default: the only model in REPO).")
 @click.option("--url", metavar="HOST:PORT", help="Validate against this running Triton (its port speaks --protocol) instead of starting one.")
 @click.option("--local", is_flag=True, help="Start a local tritonserver on REPO (the default when --url is not given).")
-@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
-              help="Protocol perf_analyzer uses (and, with --url, the answer check); a local server is checked over both.")
+@click.option("--protocol", type=click.Choice(["http", "grpc"]),
+              help="Protocol perf_analyzer uses (and, with --url, the answer check); a local server is checked over both "
+                   "[default: http with --url, else the export's served-search protocol, gRPC].")
 @click.option("--concurrency", default="auto", show_default=True, metavar="START:END[:STEP]",
               help="perf_analyzer's concurrency sweep; auto: 1:8, or four levels up to the export's served-search concurrency.")
 @click.option("--measurement-interval", "measurement_interval_ms", type=click.IntRange(100, 600_000), default=1500, show_default=True,
@@ -287,7 +288,7 @@ def report_command(report_json: str, output_dir: str | None) -> None:
                    "(default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).")
 @click.option("--json", "as_json", is_flag=True, help="Print the validation record (validation.json) on stdout.")
 @click.pass_context
-def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, local: bool, protocol: str, concurrency: str,
+def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, local: bool, protocol: str | None, concurrency: str,
              measurement_interval_ms: int, report_dir: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Load REPO's model into a real Triton, check its answers over HTTP and gRPC and measure it with perf_analyzer.
 

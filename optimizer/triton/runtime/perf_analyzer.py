@@ -61,6 +61,12 @@ class ConcurrencyRange:
         return f"{self.start}:{self.end}:{self.step}"
 
 
+LOCAL_PROTOCOL = "grpc"
+"""How the bundled server is measured (the served search, and validate unless told otherwise): gRPC, Model Analyzer's
+default client protocol. perf_analyzer 2.51's synchronous HTTP client, with dozens of clients on few cores, can stop
+collecting its windows while its threads keep sending (its memory grows, it never ends); over gRPC the same runs settle."""
+
+
 @dataclass(frozen=True)
 class PerfSettings:
     """How to measure. The defaults settle even on a small shared machine: 1.5 s windows, stable within 50 %.
@@ -76,7 +82,8 @@ class PerfSettings:
     measurement_interval_ms: int = 1500
     stability_percentage: int = 50
     max_trials: int = 10
-    timeout_s: float = 900.0
+    timeout_s: float = 900.0  # the most any one run may take, however many levels and windows it has
+    stall_grace_s: float = 120.0  # what a run may take beyond its windows (start-up, a slow model's requests in flight)
     warmup_requests: int = 0  # sent at the first level and discarded before measuring (perf_analyzer 2.51 has no warm-up option)
     retry_stability_percentage: int = 100  # the tolerance when an unsettled level is measured again alone
     retry_alone: bool = True  # False: an unsettled level goes straight to the rough mean of three windows (the served
@@ -275,11 +282,12 @@ def _run_once(binary: Path, model: str, url: str, input_data: Path, csv_path: Pa
     log.info("running %s", " ".join(command))
     proc = subprocess.Popen(command, env=perf_analyzer_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    limit = run_limit_s(settings)
     try:
-        output, _ = proc.communicate(timeout=settings.timeout_s)
+        output, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        raise ValidationError(f"perf_analyzer did not finish within {settings.timeout_s:.0f} s; narrow --concurrency.") from None
+        raise ValidationError(stalled_message(proc.communicate()[0] or "", settings, limit)) from None
     except BaseException:  # Ctrl-C: never leave perf_analyzer running
         _stop(proc)
         raise
@@ -288,6 +296,22 @@ def _run_once(binary: Path, model: str, url: str, input_data: Path, csv_path: Pa
     for row in rows:
         row.inference_count, row.execution_count = counts.get(row.concurrency, (None, None))
     return _Run(command, proc.returncode, output, rows)
+
+
+def run_limit_s(settings: PerfSettings) -> float:
+    """How long one run may take before it is called stalled: every level's windows (at most `max_trials` of them, each
+    at most twice its length while the requests in flight finish), plus the grace; never more than `timeout_s`."""
+    windows_s = len(settings.concurrency.levels) * settings.max_trials * 2 * settings.measurement_interval_ms / 1000
+    return min(settings.timeout_s, settings.stall_grace_s + windows_s)
+
+
+def stalled_message(output: str, settings: PerfSettings, limit_s: float) -> str:
+    """One line for a run that never ended: the level it was measuring (from its console) and what to change."""
+    levels = re.findall(r"Request concurrency: (\d+)", output)
+    where = f"concurrency {levels[-1]}" if levels else f"--concurrency {settings.concurrency}"
+    fix = ("perf_analyzer 2.51's HTTP client can stall with many clients on a small machine: use --protocol grpc, or a narrower --concurrency"
+           if settings.protocol == "http" else "narrow --concurrency, or check that the server still answers")
+    return f"perf_analyzer stopped making progress at {where} over {settings.protocol} (no result within {limit_s:.0f} s); {fix}."
 
 
 def _unstable(output: str) -> bool:

@@ -6,11 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optimizer.triton.measure.served_search.objective import Objective
-
-LOCAL_PROTOCOL = "grpc"
-"""How the bundled server is measured: gRPC, Model Analyzer's default client protocol. perf_analyzer over HTTP at a
-heavy concurrency on few cores can fail to settle or hang, which costs a served search much of its budget; over gRPC
-the same runs settle."""
+from optimizer.triton.runtime.perf_analyzer import LOCAL_PROTOCOL
 
 
 @dataclass(frozen=True)

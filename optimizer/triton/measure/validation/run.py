@@ -16,7 +16,7 @@ from optimizer.events import Event, EventSink, ignore
 from optimizer.model.samples import load_feeds
 from optimizer.triton.runtime.local_serving import local_config, needs_translation, private_model, translation_note
 from optimizer.triton.config.model_config import canonical
-from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer
+from optimizer.triton.runtime.perf_analyzer import LOCAL_PROTOCOL, ConcurrencyRange, PerfAnalyzerFailed, PerfSettings, run_perf_analyzer
 from optimizer.triton.runtime.perf_analyzer_input import write_input_data
 from optimizer.triton.runtime.install import find_triton, homes_root, prepare_home
 from optimizer.triton.runtime.server import LocalTritonServer, open_client, triton_message
@@ -38,7 +38,7 @@ def validate(
     model: str | None = None,
     *,
     url: str | None = None,
-    protocol: str = "http",
+    protocol: str | None = None,
     concurrency: str | None = None,
     measurement_interval_ms: int | None = None,
     report_dir: Path | None = None,
@@ -52,7 +52,8 @@ def validate(
         repository: a model repository folder, or an s3:// URL (a local server then reads the model from object storage).
         url: HOST:PORT of a running Triton speaking `protocol`; None starts a LocalTritonServer on `repository`.
         protocol: what perf_analyzer (and, with `url`, the answer check) uses; a local server is also
-            checked over the other protocol.
+            checked over the other protocol. None: with `url` http, else the protocol the export's served search
+            measured over (gRPC locally), so the prediction is compared like with like.
         concurrency: perf_analyzer's sweep, START:END[:STEP]; None or "auto": 1:8, or four levels up to the
             export's served-search concurrency when the export measured one (so the prediction is compared there).
         measurement_interval_ms: perf_analyzer's shortest window (-p; checks.window_for lengthens it for a slow model);
@@ -66,7 +67,7 @@ def validate(
         a tool is missing. A model that fails a check is a record with status "failed", not an exception:
         call `raise_for_status()`.
     """
-    if protocol not in ("http", "grpc"):
+    if protocol not in (None, "http", "grpc"):
         raise SettingsError(f"--protocol {protocol!r} is not http or grpc.")
     if concurrency not in (None, "auto"):
         ConcurrencyRange.parse(concurrency)  # a bad range fails before any work
@@ -74,6 +75,7 @@ def validate(
     report_path = find_export_report(target, Path(report_dir) if report_dir else None)
     reference = load_export_reference(report_path) if report_path else None
     sweep = default_sweep(reference) if concurrency in (None, "auto") else ConcurrencyRange.parse(concurrency)
+    protocol = protocol or default_protocol(reference, url)
     settings = perf_settings or PerfSettings(concurrency=sweep, protocol=protocol)
     if measurement_interval_ms is not None:
         settings = replace(settings, measurement_interval_ms=measurement_interval_ms)
@@ -130,6 +132,14 @@ def validate(
     path = record.write(folder)
     on_event(Event("validate", "done" if record.passed else "failed", target.name, f"{record.status}: {path}", elapsed_s=record.seconds))
     return record
+
+
+def default_protocol(reference: ExportReference | None, url: str | None) -> str:
+    """The protocol of a sweep nobody named: a --url port is taken to speak HTTP (Triton's first port); a local server is
+    measured as the export's served search measured it, so the prediction is compared like with like (LOCAL_PROTOCOL)."""
+    if url is not None:
+        return "http"
+    return (reference.served_protocol if reference is not None else "") or LOCAL_PROTOCOL
 
 
 def _run_checks(record: ValidationRecord, target: ModelTarget, reference: ExportReference | None, clients: dict[str, Any],
