@@ -1170,3 +1170,19 @@ def test_the_other_kind_of_backend_enters_the_search_and_wins_on_served_measurem
     assert search.chosen.instances == 2, search.chosen  # found by the other kind's own coarse pass
     assert {v.point.candidate for v in search.variants} == {"", "onnxruntime[cpu]"}
 
+
+
+def test_the_servers_cost_per_request_is_never_negative(tmp_path: Path):
+    """The prediction splits the served time per request into in-process time and the server's own cost; two instances
+    in parallel can serve faster than the one in-process runner (1 ms a request here), which is no negative cost (a user
+    read "-0.012 ms per request", and a lone request's prediction would have undercut the in-process time)."""
+    from optimizer.triton.measure.served_search.search import _predict
+
+    result = make_result(tmp_path, "onnxruntime_onnx")
+    costs = {}
+    for throughput in (500.0, 2000.0):
+        search = ServedSearch("searched", concurrency=8, start=START, chosen=START, variants=[variant(START, throughput)])
+        _predict(search, result)
+        assert search.predicted_throughput == throughput and search.in_process_throughput == pytest.approx(1000.0)
+        costs[throughput] = search.per_request_ms
+    assert costs == {500.0: pytest.approx(1.0), 2000.0: 0.0}

@@ -240,7 +240,9 @@ def _predict(search: ServedSearch, result: TuneResult) -> None:
     batch = chosen.server_batch or 1.0
     per_sample_ms = _per_sample_ms(decision.profiles, batch)
     search.in_process_throughput = round(1000.0 / per_sample_ms, 2)
-    search.per_request_ms = round(1000.0 / chosen.throughput - per_sample_ms, 4)
+    # never below 0: instances in parallel can serve more per second than the one in-process runner did, which is no
+    # negative cost (and a lone request's prediction, in-process time + this cost, must not undercut in-process time)
+    search.per_request_ms = round(max(0.0, 1000.0 / chosen.throughput - per_sample_ms), 4)
 
 
 def _per_sample_ms(profiles, batch: float) -> float:
