@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from optimizer.errors import SettingsError, ValidationError
-from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfSettings, parse_csv, parse_server_counts, perf_analyzer_command
+from optimizer.triton.runtime.perf_analyzer import ConcurrencyRange, PerfSettings, parse_csv, perf_analyzer_command
+from optimizer.triton.runtime.perf_analyzer_console import parse_server_counts
 from optimizer.triton.runtime.perf_analyzer_input import write_input_data
 
 # Captured from perf_analyzer 2.51 against the local tritonserver 2.51 (rows in perf_analyzer's own order).

@@ -13,7 +13,6 @@ import importlib.util
 import io
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from typing import Any
 
 from optimizer.errors import SettingsError, ValidationError
 from optimizer.triton.runtime.install import ToolMissing
+from optimizer.triton.runtime.perf_analyzer_console import last_level, parse_server_counts, perf_analyzer_error, unsettled
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def run_perf_analyzer(model: str, url: str, input_data: Path, workdir: Path, set
     rows, outputs = {r.concurrency: r for r in run.rows}, [run.output]
     missing = [c for c in settings.concurrency.levels if c not in rows]
     note = ""
-    if run.returncode != 0 and not _unstable(run.output):
+    if run.returncode != 0 and not unsettled(run.output):
         reason = perf_analyzer_error(run.output) or f"exit status {run.returncode}"
         if "libcudart" in run.output or "libb64" in run.output:
             reason += " (perf_analyzer needs libcudart.so.12 from nvidia-cuda-runtime-cu12 and Debian's libb64-0d: run scripts/install_system_deps.sh)"
@@ -307,15 +307,11 @@ def run_limit_s(settings: PerfSettings) -> float:
 
 def stalled_message(output: str, settings: PerfSettings, limit_s: float) -> str:
     """One line for a run that never ended: the level it was measuring (from its console) and what to change."""
-    levels = re.findall(r"Request concurrency: (\d+)", output)
-    where = f"concurrency {levels[-1]}" if levels else f"--concurrency {settings.concurrency}"
+    level = last_level(output)
+    where = f"concurrency {level}" if level is not None else f"--concurrency {settings.concurrency}"
     fix = ("perf_analyzer 2.51's HTTP client can stall with many clients on a small machine: use --protocol grpc, or a narrower --concurrency"
            if settings.protocol == "http" else "narrow --concurrency, or check that the server still answers")
     return f"perf_analyzer stopped making progress at {where} over {settings.protocol} (no result within {limit_s:.0f} s); {fix}."
-
-
-def _unstable(output: str) -> bool:
-    return "Failed to obtain stable measurement" in output
 
 
 class PerfAnalyzerFailed(ValidationError):
@@ -350,28 +346,6 @@ def parse_csv(text: str) -> list[PerfRow]:
             server_compute_ms=sum(compute) if all(c is not None for c in compute) else None,
         ))
     return sorted(rows, key=lambda r: r.concurrency)
-
-
-_LEVEL = re.compile(r"^Request concurrency:\s*(\d+)", re.MULTILINE)
-_COUNTS = re.compile(r"Inference count:\s*(\d+)\s*\n\s*Execution count:\s*(\d+)")
-
-
-def parse_server_counts(output: str) -> dict[int, tuple[int, int]]:
-    """Concurrency -> (server inference count, execution count) from perf_analyzer's console report."""
-    counts = {}
-    starts = [(m.start(), int(m.group(1))) for m in _LEVEL.finditer(output)]
-    for i, (pos, level) in enumerate(starts):
-        block = output[pos: starts[i + 1][0] if i + 1 < len(starts) else len(output)]
-        m = _COUNTS.search(block)
-        if m:
-            counts[level] = (int(m.group(1)), int(m.group(2)))
-    return counts
-
-
-def perf_analyzer_error(output: str) -> str:
-    """perf_analyzer's own error lines, on one line."""
-    lines = [l.strip() for l in output.splitlines() if re.search(r"(?i)\berror\b|failed|not found|cannot open", l)]
-    return " | ".join(dict.fromkeys(lines))[:600]
 
 
 def _stop(proc: subprocess.Popen) -> None:
