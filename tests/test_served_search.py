@@ -1171,11 +1171,10 @@ def test_the_other_kind_of_backend_enters_the_search_and_wins_on_served_measurem
     assert {v.point.candidate for v in search.variants} == {"", "onnxruntime[cpu]"}
 
 
-
 def test_the_servers_cost_per_request_is_never_negative(tmp_path: Path):
     """The prediction splits the served time per request into in-process time and the server's own cost; two instances
-    in parallel can serve faster than the one in-process runner (1 ms a request here), which is no negative cost (a user
-    read "-0.012 ms per request", and a lone request's prediction would have undercut the in-process time)."""
+    in parallel can serve faster than the one in-process runner (1 ms a request here), which is no negative cost (a lone
+    request's prediction, in-process time plus this cost, would undercut the in-process time)."""
     from optimizer.triton.measure.served_search.search import _predict
 
     result = make_result(tmp_path, "onnxruntime_onnx")

@@ -186,7 +186,6 @@ def test_a_level_that_never_settles_is_measured_roughly_and_flagged_not_failed(t
     assert "re-measured" not in quick.note and "did not settle within 0%" in quick.note
 
 
-
 SILENT_CONFIG = """name: "silent"
 backend: "python"
 max_batch_size: 4
