@@ -77,6 +77,7 @@ def test_export_validate_proves_the_onnxruntime_model_in_triton(ort_export, work
     assert "validation of cnn (onnxruntime_onnx)" in out and ": passed [stand-in backend]" in out
     assert "answers over grpc: match the eager reference" in out
     assert "no served prediction (the served search did not run): in-process" in out  # not a ratio to an in-process peak
+    assert record["perf"]["settings"]["protocol"] == "grpc"  # the local server's protocol even without a served search
     data = json.loads((work / "rep_ort" / "perf_analyzer_input.json").read_text())["data"]
     assert data and all(d["image"]["shape"] == [3, 64, 64] for d in data)  # the run's traffic: one shape, no dynamic axis
     assert "traffic" in record["traffic"] and "perf_analyzer" in out and "sending the export's traffic" in out

@@ -137,7 +137,7 @@ def export(settings: ExportSettings | None = None, *, module: Any = None, exampl
         from optimizer.triton.measure.validation import validate
 
         validation = validate(plan.repository, name, concurrency=settings.validate_concurrency, report_dir=report_dir,
-                              on_event=on_event, cache_dir=plan.cache_root, protocol=search.protocol or "http")  # like the search
+                              on_event=on_event, cache_dir=plan.cache_root)  # over the search's protocol (validate reads it from the report)
         write_report_files(report_path)  # again, now with the validation section
     return ExportOutcome(result, published, report_path, validation)
 
