@@ -156,9 +156,11 @@ def _optional_sample_file(recorded: str, report_dir: Path) -> Path | None:
 
 
 def _find_sample_file(recorded: str, report_dir: Path) -> Path:
-    """Report paths are relative to where the export ran; fall back to the report's own samples/ folder."""
+    """The report's own samples/ folder first: a recorded path is relative to where that export ran, so read against
+    the current folder it can be another export's file (the quick start's `make export` writes one at the same path).
+    An absolute recorded path is the fallback (samples written outside the report folder)."""
     path = Path(recorded)
-    for candidate in (path, report_dir / "samples" / path.name):
+    for candidate in (report_dir / "samples" / path.name, *([path] if path.is_absolute() else [])):
         if candidate.is_file():
             return candidate
     raise RepositoryError(f"the export's sample file {recorded!r} is gone (also not in {str(report_dir / 'samples')!r}); re-run the export.")
