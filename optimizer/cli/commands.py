@@ -58,10 +58,32 @@ def _run_guarded(fn: Callable[[], Any]) -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+VERBOSE_HELP = "More log output (repeat for debug); progress becomes plain lines."
+QUIET_HELP = "Less output: -q shows only finished steps as plain lines, -qq no progress."
+
+
+def _more_or_less_output(ctx: click.Context, param: click.Parameter, count: int) -> None:
+    """-v / -q given after the subcommand count with those given before it (`aitune-export export -q` works too)."""
+    if not count or ctx.obj is None:  # nothing given, or parsed without the group running (the docs test)
+        return
+    ctx.obj["verbosity"] += count if param.name == "verbose" else -count
+    ctx.obj["quiet"] = ctx.obj["quiet"] or param.name == "quiet"
+    _configure_logging(ctx.obj["verbosity"])
+
+
+class _CommandGroup(click.Group):
+    """The group whose every command also takes -v / -q, so they may stand before or after the subcommand."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params += [click.Option(["-v", "--verbose"], count=True, expose_value=False, callback=_more_or_less_output, help=VERBOSE_HELP),
+                       click.Option(["-q", "--quiet"], count=True, expose_value=False, callback=_more_or_less_output, help=QUIET_HELP)]
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_CommandGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="aitune-export")
-@click.option("-v", "--verbose", count=True, help="More log output (repeat for debug); progress becomes plain lines.")
-@click.option("-q", "--quiet", count=True, help="Less output: -q shows only finished steps as plain lines, -qq no progress.")
+@click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
+@click.option("-q", "--quiet", count=True, help=QUIET_HELP)
 @click.pass_context
 def main(ctx: click.Context, verbose: int, quiet: int) -> None:
     """Tune a PyTorch model over inference backends and publish a Triton model repository."""
