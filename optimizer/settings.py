@@ -15,7 +15,7 @@ from typing import Any
 import tomllib
 
 from optimizer.errors import SettingsError
-from optimizer.vocab import EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISION_CHOICES, STRATEGY_NAMES, WORKFLOWS
+from optimizer.vocab import ARRIVALS, EAGER_GATES, MAX_BATCH_SIZE_LIMIT, PERCENTILES, PRECISION_CHOICES, STRATEGY_NAMES, WORKFLOWS
 
 MAX_CONCURRENCY = 4096
 """The most concurrent requests --concurrency may name."""
@@ -74,6 +74,9 @@ class ExportSettings:
     cache_dir: str | None = _opt(None, "--cache-dir", "The one cache root: builds, measurements, TensorRT timing caches and the local tritonserver's home (default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).", metavar="DIR", group="Measurement")
     serve_search: str = _opt("on", "--serve-search", "on: choose max batch, preferred sizes, queue delay and instances by measuring variants in the local tritonserver with perf_analyzer; off: publish the in-process rules.", choices=("on", "off"), group="Serving")
     concurrency: int | str | None = _opt(None, "--concurrency", "The load the served config is tuned for: N concurrent requests, or LOW:HIGH for every load of that range (default: none; with --latency-budget-ms the most throughput within the budget at any load, else the config whose worst score over the loads 1, 4, 16, 64, ... is highest, a load's score weighing its throughput and its p95 latency against the best variant there).", metavar="N|LOW:HIGH", group="Serving")
+    rate: str | None = _opt(None, "--rate", "The request rate the served config must hold, in requests per second, or max: variants are measured open-loop (perf_analyzer's request-rate mode, --arrivals) and the one with the highest capacity within --latency-budget-ms is published (R without a budget: the lowest percentile latency at R; max needs a budget). The report states the capacity and, for R, the replicas R needs (default: none; the load is --concurrency's).", metavar="R|max", group="Serving")
+    arrivals: str = _opt("poisson", "--arrivals", "How requests arrive when a rate is measured: poisson (independent arrivals, the bursts real traffic has) or constant (evenly spaced). A --traffic file whose entries carry timestamps is replayed on its own schedule instead.", choices=ARRIVALS, group="Serving")
+    headroom: float = _opt(0.2, "--headroom", "The share of a replica's measured capacity kept free when --rate R is turned into replicas: replicas = ceil(R / (capacity x (1 - headroom))).", metavar="FRACTION", group="Serving")
     serve_search_seconds: float | None = _opt(None, "--serve-search-seconds", "Time the served search may take, server start included; it stops with the best variant measured so far (default: 40% of the tuning time, at least 90 s). Repeating measurements other processes' load reached adds up to a quarter.", metavar="SECONDS", group="Serving")
     url: str | None = _opt(None, "--url", "Run the served search on this running Triton (HOST:PORT, started with --model-control-mode=explicit) instead of the bundled one: each variant is loaded there under a private name with its config and the model's files in the request (no shared disk needed) and unloaded afterwards; the published repository is written as usual.", metavar="HOST:PORT", group="Serving")
     protocol: str = _opt("http", "--protocol", "How the served search talks to --url: http or grpc (the port must speak it). The bundled server is always measured over gRPC (Model Analyzer's default client protocol; perf_analyzer 2.51's HTTP client can stall with dozens of clients on a few cores). validate measures a local server over gRPC too.", choices=("http", "grpc"), group="Serving")
@@ -118,9 +121,38 @@ class ExportSettings:
             raise SettingsError(f"--concurrency {text}: LOW is above HIGH; give the range as LOW:HIGH, e.g. {values[1]}:{values[0]}.")
         return None, (values[0], values[1])
 
+    def rate_target(self) -> tuple[float | None, bool]:
+        """--rate as (requests per second, False), (None, True) for max, or (None, False) when not given."""
+        if self.rate is None:
+            return None, False
+        text = str(self.rate).strip().lower()
+        if text == "max":
+            return None, True
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value > 0 and value < float("inf")):
+            raise SettingsError(f"--rate {self.rate!r} is not a positive number of requests per second or max; give the rate the config "
+                                "must hold, e.g. --rate 200, or --rate max with --latency-budget-ms for the highest it holds.")
+        return value, False
+
     def check_serving(self) -> None:
-        """--concurrency and --serve-search-seconds as numbers the search can use."""
+        """--concurrency, --rate and --serve-search-seconds as values the search can use, and not at odds with each other."""
         self.load()
+        rate, most = self.rate_target()
+        if (rate is not None or most) and self.concurrency is not None:
+            raise SettingsError(f"--rate {self.rate} and --concurrency {self.concurrency} both give the load: --rate measures requests "
+                                "arriving on their own (open-loop), --concurrency N clients that each wait for an answer; keep one.")
+        if most and self.latency_budget_ms is None:
+            raise SettingsError("--rate max asks for the highest rate held within a latency target; add --latency-budget-ms MS "
+                                "(at --percentile), or give the rate itself, e.g. --rate 200.")
+        if self.latency_budget_ms is not None and not self.latency_budget_ms > 0:
+            raise SettingsError(f"--latency-budget-ms {self.latency_budget_ms:g} must be a positive number of milliseconds.")
+        if not 0 <= self.headroom < 1:
+            raise SettingsError(f"--headroom {self.headroom:g} must be from 0 to below 1 (the share of a replica's capacity kept free, e.g. 0.2).")
+        if self.arrivals not in ARRIVALS:
+            raise SettingsError(f"--arrivals {self.arrivals!r} is not one of {', '.join(ARRIVALS)}.")
         if self.serve_search_seconds is not None and not self.serve_search_seconds > 0:
             raise SettingsError(f"--serve-search-seconds {self.serve_search_seconds:g} must be positive; use --serve-search off to skip the search.")
         if not self.wait_for_cores_s >= 0:
@@ -220,6 +252,8 @@ def settings_from(values: dict[str, Any]) -> ExportSettings:
     s.percentile = int(s.percentile)
     if s.max_batch_size is not None and not isinstance(s.max_batch_size, str):
         s.max_batch_size = str(s.max_batch_size)
+    if s.rate is not None and not isinstance(s.rate, str):  # rate = 200 in a settings file
+        s.rate = str(s.rate)
     return s
 
 

@@ -20,6 +20,8 @@ PRECISION_CHOICES = ("auto", *PRECISIONS)
 WORKFLOWS = ("aot", "jit")
 EAGER_GATES = ("enabled", "diagnostic", "disabled")
 PERCENTILES = (50, 90, 95, 99)
+ARRIVALS = ("poisson", "constant")
+"""How requests arrive when a rate is measured: perf_analyzer's --request-distribution (a trace has its own schedule)."""
 STRATEGY_NAMES = ("max-throughput", "min-latency", "latency-budget", "first-wins", "one-backend")
 """CLI names of the strategies, in the order `--help` shows them (tune_strategy.STRATEGIES maps them to classes)."""
 

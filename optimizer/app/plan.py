@@ -84,6 +84,8 @@ def plan_run(settings: ExportSettings, publishing: bool = True) -> RunPlan:
         if settings.name is not None:
             check_model_name(settings.name)
         check_version(settings.version)  # these two need no model: refused before it loads (seconds sooner)
+        if settings.rate is not None and settings.serve_search != "on":
+            raise SettingsError(f"--rate {settings.rate} is measured in the served search, and --serve-search off skips it; drop one of them.")
         if settings.url and settings.serve_search != "on":
             raise SettingsError("--url runs the served search on that server, and --serve-search off skips the search; drop one of them.")
         if settings.validate and settings.validate_concurrency != "auto":

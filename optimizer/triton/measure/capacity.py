@@ -1,0 +1,90 @@
+"""The capacity of a loaded config: the highest offered rate it holds within a latency target, found open-loop.
+
+Rates lie on one grid (RATE_STEP apart, the same for every config and every run), so two configs' capacities compare rung
+for rung and a claim can be measured again at exactly the rate it names. The search starts near a seed (what the config
+served closed-loop within the budget, which bounds it from above), climbs a rung while the rate is held and steps down
+while it is not, and stops when a held rung has a failed one right above it. A rate the server could not keep up with
+sends the search straight to the rung below what it did serve. The served search and validate share it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from optimizer.records.capacity import Capacity, RateLevel
+
+RATE_STEP = 2 ** 0.25
+"""Neighbouring rungs of the rate grid are 19% apart: about the spread of one open-loop run near saturation on two
+cores, so a finer grid would rank configs by noise."""
+MAX_RATE_RUNS = 5
+"""Runs a capacity search may take (it usually brackets the capacity in 2-4 from a closed-loop seed)."""
+SEED_SHARE = 0.7
+"""The seed: this share of what the config served closed-loop within the budget (open-loop bursts queue where N waiting
+clients never do, so the capacity lies below the closed-loop figure)."""
+FAST_CLIMB = 0.5
+"""A rate held with its percentile latency under this share of the budget climbs two rungs at once."""
+LOWEST_RATE = 0.5
+"""Requests per second below which the search gives up: a config that holds no rate above it has no capacity to state."""
+
+
+def rung(k: int) -> float:
+    """The rate of rung `k` (k = 0 is 1 request/s), to three significant digits."""
+    value = RATE_STEP ** k
+    digits = 2 - int(math.floor(math.log10(value)))
+    return round(value, digits)
+
+
+def rung_of(rate: float, down: bool = False) -> int:
+    """The rung nearest `rate` (the one at or below it with `down`)."""
+    k = math.log(max(rate, 1e-9)) / math.log(RATE_STEP)
+    return math.floor(k + 1e-9) if down else round(k)
+
+
+def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str, seed: float,
+                  max_runs: int = MAX_RATE_RUNS, out_of_time: Callable[[float], bool] = lambda seconds: False,
+                  run_cost_s: float = 0.0) -> Capacity:
+    """Search the capacity from `seed` requests/s; `measure(rate)` runs one open-loop measurement. Stops after `max_runs`
+    runs, or when `out_of_time(run_cost_s)` says the next run would not fit; `bounded` says whether a failed rung lies
+    right above the capacity."""
+    levels: dict[int, RateLevel] = {}
+    k = rung_of(max(seed, LOWEST_RATE))
+    while len(levels) < max_runs and k not in levels and rung(k) >= LOWEST_RATE and not (levels and out_of_time(run_cost_s)):
+        level = measure(rung(k)).judge(latency_budget_ms, percentile)
+        levels[k] = level
+        held = [j for j, lv in levels.items() if lv.held]
+        failed = [j for j, lv in levels.items() if not lv.held]
+        top = max((j for j in held if not failed or j < min(failed)), default=None)
+        if failed and top is not None and min(failed) == top + 1:
+            break  # bracketed: held, and the rung above not
+        if level.held:
+            fast = latency_budget_ms is not None and level.latency(percentile) < FAST_CLIMB * latency_budget_ms
+            k = k + (2 if fast and not failed else 1)
+            if failed and k >= min(failed):
+                k = min(failed) - 1 if min(failed) - 1 not in levels else top + 1
+        elif level.throughput < 0.9 * level.offered:  # far behind: the rung below what it did serve
+            k = min(k - 1, rung_of(level.throughput * 0.95, down=True))
+        else:
+            k = k - 1
+        while k in levels and levels[k].held and (k + 1) not in levels:
+            k += 1
+    return capacity_of(levels, latency_budget_ms, percentile, arrivals)
+
+
+def capacity_of(levels: dict[int, RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str) -> Capacity:
+    """The highest held rung below the lowest failed one (a held rung above a failure is taken as the noise it is)."""
+    failed = [j for j, lv in levels.items() if not lv.held]
+    held = [j for j, lv in levels.items() if lv.held and (not failed or j < min(failed))]
+    top = max(held, default=None)
+    curve = [levels[j] for j in sorted(levels)]
+    return Capacity(rung(top) if top is not None else None, latency_budget_ms, percentile, arrivals, len(levels), curve,
+                    bounded=bool(failed) and top is not None and min(failed) == top + 1)
+
+
+def seed_rate(closed_loop: list[tuple[float, float]], latency_budget_ms: float | None) -> float:
+    """Where a capacity search starts, from a config's closed-loop levels (throughput, percentile latency): SEED_SHARE of
+    the most it served within the budget; with none within, half of what its lightest load served."""
+    within = [t for t, lat in closed_loop if latency_budget_ms is None or lat <= latency_budget_ms]
+    if within:
+        return SEED_SHARE * max(within)
+    return 0.5 * min((t for t, _ in closed_loop), default=2 * LOWEST_RATE)
