@@ -137,6 +137,74 @@ def test_export_refuses_a_bad_traffic_file_with_exit_2_and_writes_nothing(in_tmp
     assert not (in_tmp / "repo").exists() and not (in_tmp / "aitune-reports").exists()
 
 
+# -- a trace: timestamps ----------------------------------------------------------------------------------------------
+
+
+def _trace(stamps: list) -> dict:
+    return {"data": [{**_entry(3 + k % 4), "timestamp": t} for k, t in enumerate(stamps)]}
+
+
+def test_a_traffic_file_with_timestamps_is_a_trace_with_its_rate_duration_burstiness_and_peak(tmp_path: Path):
+    even = load_traffic(_write(tmp_path, _trace([10.0 * k for k in range(201)])), TEXT)  # 100/s for 2 s, evenly spaced
+    assert even.timestamps_ms == tuple(10.0 * k for k in range(201)) and len(even.requests) == 201
+    s = even.summary(TEXT)
+    assert (s.rate_per_s, s.duration_s, s.burstiness) == (100.0, 2.0, 0.0) and s.peak_rate_per_s == pytest.approx(100.0, rel=0.06)
+    rng = np.random.default_rng(0)
+    poisson = np.cumsum(rng.exponential(10.0, 2000))  # Poisson arrivals at 100/s for about 20 s
+    p = load_traffic(_write(tmp_path, _trace([round(float(t), 3) for t in poisson])), TEXT).summary(TEXT)
+    assert p.burstiness == pytest.approx(1.0, abs=0.1) and p.rate_per_s == pytest.approx(100, rel=0.1) and p.peak_window_s == 1.0
+    assert p.peak_rate_per_s > 1.15 * p.rate_per_s  # a second of Poisson arrivals holds more than the mean somewhere
+    from optimizer.report.markdown import traffic_section
+
+    assert "Arrivals: a trace of 2 s at 100 requests/s on average, burstiness 0.00" in traffic_section(s.to_json())
+    assert "Arrivals" not in traffic_section(load_traffic(_write(tmp_path, {"data": [_entry(3)]}), TEXT).summary(TEXT).to_json())
+    again = type(s).from_json(s.to_json())
+    assert again == s and "burstiness 0.00" in again.describe_trace() and "100 requests/s on average" in again.describe_trace()
+    plain = load_traffic(_write(tmp_path, {"data": [_entry(3)]}), TEXT)
+    assert plain.timestamps_ms is None and plain.summary(TEXT).rate_per_s is None and plain.summary(TEXT).describe_trace() == ""
+
+
+@pytest.mark.parametrize("stamps,words", [
+    ([0, 5, 3], 'entry 2: "timestamp" 3 is before entry 1\'s 5; list the requests in the order they arrived'),
+    ([-1, 5], 'entry 0: "timestamp" -1 is negative'),
+    ([0, "5"], "entry 1: \"timestamp\" '5' is not a number"),
+    ([0, True], 'entry 1: "timestamp" True is not a number'),
+    ([0, None], 'entry 1: "timestamp" None is not a number'),
+    ([4, 4], "spans no time"),
+])
+def test_bad_timestamps_are_one_line_naming_the_entry_and_the_fix(tmp_path: Path, stamps, words):
+    with pytest.raises(TrafficError) as err:
+        load_traffic(_write(tmp_path, _trace(stamps)), TEXT)
+    assert words in str(err.value) and "\n" not in str(err.value) and "--traffic" in str(err.value)
+
+
+def test_timestamps_on_some_entries_only_are_refused(tmp_path: Path):
+    doc = _trace([0, 1, 2])
+    del doc["data"][1]["timestamp"]
+    with pytest.raises(TrafficError, match=r'entry 1 has no "timestamp" while 2 of the 3 entries have one; give every entry'):
+        load_traffic(_write(tmp_path, doc), TEXT)
+
+
+def test_a_trace_is_saved_with_the_runs_samples_read_back_from_the_report_and_never_sent_as_an_input(tmp_path: Path):
+    from optimizer.model.traffic import save_traffic, timestamps_path
+    from optimizer.records.reference_set import ReferenceSet
+    from optimizer.records.tune_result import TuneResult
+    from optimizer.triton.runtime.perf_analyzer_input import trace_of, traffic_requests
+
+    traffic = load_traffic(_write(tmp_path, _trace([0, 2.5, 2.5, 40])), TEXT)
+    save_traffic(tmp_path / "traffic.npz", traffic)
+    result = TuneResult.__new__(TuneResult)
+    result.reference = ReferenceSet("f", "o", [], "p", str(tmp_path / "traffic.npz"))
+    result.signature, result.traffic = TEXT.to_json(), traffic.summary(TEXT).to_json()
+    feeds, stamps = trace_of(result)
+    assert stamps == [0, 2.5, 2.5, 40] and [f["input_ids"].shape for f in feeds] == [(1, 3), (1, 4), (1, 5), (1, 6)]  # the trace's order
+    assert len(traffic_requests(result)[0]) == 4  # the closed-loop mix reads the same .npz as before
+    path = write_input_data(tmp_path / "pa.json", [{**f, "timestamp": t} for f, t in zip(feeds, stamps)], batching=True)
+    assert all("timestamp" not in e for e in json.loads(path.read_text())["data"])  # perf_analyzer 2.51 refuses it
+    save_traffic(tmp_path / "traffic.npz", Traffic(traffic.requests, "file", "t"))  # re-saved without timestamps: not a trace
+    assert not timestamps_path(tmp_path / "traffic.npz").exists() and trace_of(result) is None
+
+
 # -- the load in the user's terms -------------------------------------------------------------------------------------
 
 

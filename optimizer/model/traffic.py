@@ -4,6 +4,8 @@ One description feeds in-process profiling (at its representative shapes), the s
 benchmarks. It comes from, in order: `--traffic FILE` (perf_analyzer's --input-data JSON, one entry per request), the
 requests in `--samples` (each recorded row one request), or a generated spread of every dynamic axis over its range.
 Triton's dynamic batcher batches only requests of equal shape, so the mix of shapes decides what a config serves.
+An entry may carry "timestamp" (milliseconds, perf_analyzer's input-data field): the traffic is then a trace, replayed
+on its own schedule or scaled to a rate keeping its bursts; the timestamps travel beside the requests, never in them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Traffic:
     requests: tuple[Feed, ...]
     source: str  # "file", "samples" or "generated"
     origin: str  # in words: "--traffic t.json", "--samples s.npz", "generated: ..."
+    timestamps_ms: tuple[float, ...] | None = None  # when each request arrived (a trace), in the order of `requests`
 
     # -- shapes ----------------------------------------------------------------------------------------------------
     @staticmethod
@@ -99,7 +102,8 @@ class Traffic:
         quantiles["max"] = {f"{name}[{i + (1 if signature.batching else 0)}]": max(s[k] for s in sizes) for k, (name, i) in enumerate(axes)}
         return TrafficSummary(source=self.source, origin=self.origin, requests=len(self.requests),
                               dynamic_axes=[f"{name}[{i + (1 if signature.batching else 0)}]" for name, i in axes],
-                              histogram=[[label, count] for label, count in self.histogram(signature)], shapes=quantiles)
+                              histogram=[[label, count] for label, count in self.histogram(signature)], shapes=quantiles,
+                              **(trace_figures(self.timestamps_ms) if self.timestamps_ms else {}))
 
     # -- padding to buckets ----------------------------------------------------------------------------------------
     def bucket_edges(self, signature: Signature) -> list[int]:
@@ -129,7 +133,57 @@ class Traffic:
                     widths[skip + i] = (0, max(0, to - size))
                 feed[spec.name] = np.pad(arr, widths) if any(w != (0, 0) for w in widths) else arr
             out.append(feed)
-        return Traffic(tuple(out), self.source, f"{self.origin}, padded to {', '.join(map(str, edges))}")
+        return Traffic(tuple(out), self.source, f"{self.origin}, padded to {', '.join(map(str, edges))}", self.timestamps_ms)
+
+
+# -- a trace: when each request arrived -----------------------------------------------------------------------------------
+PEAK_WINDOW_S = 1.0
+"""The peak rate is the most requests in any window this long (a tenth of the trace when it is shorter than ten of them)."""
+TIMESTAMPS_SUFFIX = "_timestamps.json"
+"""Saved traffic keeps its timestamps in this file beside its .npz (the .npz holds tensors only: every reader of it stays
+as it was)."""
+
+
+def trace_figures(timestamps_ms: tuple[float, ...] | list[float]) -> dict[str, float]:
+    """A trace's mean rate (requests/s over its span), duration, burstiness (the gaps' coefficient of variation: 1 for
+    Poisson arrivals, 0 for evenly spaced ones) and peak rate over a short window, for TrafficSummary."""
+    stamps = np.asarray(timestamps_ms, dtype=float)
+    span_s = float(stamps[-1] - stamps[0]) / 1000.0
+    gaps = np.diff(stamps)
+    window = PEAK_WINDOW_S if span_s >= 10 * PEAK_WINDOW_S else span_s / 10
+    ends = np.searchsorted(stamps, stamps + window * 1000.0, side="left")
+    peak = int((ends - np.arange(len(stamps))).max())
+    return {"rate_per_s": round((len(stamps) - 1) / span_s, 3), "duration_s": round(span_s, 3),
+            "burstiness": round(float(gaps.std() / gaps.mean()), 3), "peak_rate_per_s": round(peak / window, 3),
+            "peak_window_s": round(window, 3)}
+
+
+def timestamps_path(traffic_path: Path | str) -> Path:
+    """Where a saved traffic's timestamps lie: beside its .npz."""
+    path = Path(traffic_path)
+    return path.with_name(path.stem + TIMESTAMPS_SUFFIX)
+
+
+def save_traffic(path: Path, traffic: Traffic) -> None:
+    """The requests as an .npz (save_feeds) and, for a trace, its timestamps beside it; a stale timestamps file is removed."""
+    from optimizer.model.samples import save_feeds
+
+    save_feeds(path, list(traffic.requests))
+    stamps = timestamps_path(path)
+    if traffic.timestamps_ms is None:
+        stamps.unlink(missing_ok=True)
+    else:
+        stamps.write_text(json.dumps({"timestamp_ms": list(traffic.timestamps_ms)}))
+
+
+def load_timestamps(traffic_path: Path | str | None) -> tuple[float, ...] | None:
+    """The timestamps saved beside a traffic .npz (None: not a trace, or a report written before traces)."""
+    if not traffic_path:
+        return None
+    path = timestamps_path(traffic_path)
+    if not path.is_file():
+        return None
+    return tuple(float(t) for t in json.loads(path.read_text())["timestamp_ms"])
 
 
 # -- where a traffic comes from -----------------------------------------------------------------------------------------
@@ -187,10 +241,19 @@ FORMAT_HINT = ('use perf_analyzer\'s --input-data format: {"data": [{"NAME": {"c
                'one entry per request, "content" a flat list or {"b64": "..."}, "shape" without the batch axis')
 
 
-def load_traffic(path: Path, signature: Signature) -> Traffic:
+def load_traffic(path: Path, signature: Signature, option: str = "--traffic") -> Traffic:
     """Requests from a perf_analyzer --input-data JSON file, each checked against the signature (one TrafficError line
-    naming the entry and the fix otherwise)."""
-    where = f"--traffic {str(path)!r}"
+    naming the entry and the fix otherwise); `option` names the file in those lines as the user gave it."""
+    where = f"{option} {str(path)!r}".strip()
+    entries = read_entries(path, where)
+    stamps = _timestamps(entries, where)
+    requests = tuple(_request({k: v for k, v in entry.items() if k != "timestamp"} if isinstance(entry, dict) else entry, k, where, signature)
+                     for k, entry in enumerate(entries))
+    return Traffic(requests, "file", f"{option} {path.name}".strip(), stamps)
+
+
+def read_entries(path: Path, where: str) -> list[Any]:
+    """The "data" list of a perf_analyzer --input-data JSON file (TrafficError when there is none)."""
     if not path.is_file():
         raise TrafficError(f"{where} does not exist; give the path of a perf_analyzer --input-data JSON file.")
     try:
@@ -206,8 +269,35 @@ def load_traffic(path: Path, signature: Signature) -> Traffic:
         raise TrafficError(f"{where} has no requests (no non-empty \"data\" list); {FORMAT_HINT}.")
     if len(entries) > MAX_REQUESTS:
         raise TrafficError(f"{where} has {len(entries)} requests, more than {MAX_REQUESTS}; keep a sample of at most {MAX_REQUESTS} that has the same mix of shapes.")
-    requests = tuple(_request(entry, k, where, signature) for k, entry in enumerate(entries))
-    return Traffic(requests, "file", f"--traffic {path.name}")
+    return entries
+
+
+def _timestamps(entries: list[Any], where: str) -> tuple[float, ...] | None:
+    """Every entry's "timestamp" (ms) when the file is a trace: numbers, not negative, never going backwards, on every
+    entry or none, spanning some time (None: no entry has one)."""
+    has = [isinstance(e, dict) and "timestamp" in e for e in entries]
+    if not any(has):
+        return None
+    if not all(has):
+        k = has.index(False)
+        some = sum(has)
+        raise TrafficError(f"{where} entry {k} has no \"timestamp\" while {some} of the {len(entries)} entries have one; "
+                           "give every entry its arrival time in milliseconds, or remove them all.")
+    stamps: list[float] = []
+    for k, entry in enumerate(entries):
+        t = entry["timestamp"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise TrafficError(f"{where} entry {k}: \"timestamp\" {t!r} is not a number; give the request's arrival time in milliseconds, e.g. 12.5.")
+        if t < 0:
+            raise TrafficError(f"{where} entry {k}: \"timestamp\" {t:g} is negative; give arrival times in milliseconds from 0 (the trace's start).")
+        if stamps and t < stamps[-1]:
+            raise TrafficError(f"{where} entry {k}: \"timestamp\" {t:g} is before entry {k - 1}'s {stamps[-1]:g}; list the requests in the order "
+                               "they arrived (sort the entries by timestamp).")
+        stamps.append(float(t))
+    if stamps[-1] <= stamps[0]:
+        raise TrafficError(f"{where}: every \"timestamp\" is {stamps[0]:g}, so the trace spans no time and has no rate; give each request "
+                           "the time it arrived (at least two different times), or remove the timestamps.")
+    return tuple(stamps)
 
 
 def _request(entry: Any, k: int, where: str, signature: Signature) -> Feed:

@@ -145,6 +145,9 @@ def traffic_section(traffic: dict[str, Any] | None) -> str:
         return ""
     lines = ["## Traffic", "", f"Tuned for {_cell(summary.describe())}. In-process profiling measured the median request, the p90 request "
              "alone and whether batches of the largest fit; the served search and `validate` send the requests in their ratios.", ""]
+    if summary.is_trace:
+        lines += [f"Arrivals: {_cell(summary.describe_trace())}. Open-loop measurements replay this schedule, scaled to the rate "
+                  "measured (its bursts kept).", ""]
     rows = [[_cell(label), str(count), f"{100 * count / max(1, summary.requests):.0f}%"] for label, count in summary.histogram[:TRAFFIC_ROWS]]
     if len(summary.histogram) > TRAFFIC_ROWS:
         rest = sum(c for _, c in summary.histogram[TRAFFIC_ROWS:])

@@ -15,7 +15,7 @@ from optimizer.model.reference import run_reference
 from optimizer.model.samples import Feed, correctness_points, generate_feed, save_feeds, tile_feed
 from optimizer.model.signature import Signature
 from optimizer.model.loaded_model import LoadedModel
-from optimizer.model.traffic import Traffic
+from optimizer.model.traffic import Traffic, save_traffic
 from optimizer.records.reference_set import ReferenceSet
 
 
@@ -53,5 +53,5 @@ def prepare_reference(model: LoadedModel, signature: Signature, user_feeds: list
     save_feeds(Path(paths.outputs), outputs)
     save_feeds(Path(paths.profile_feed), profile)
     if traffic is not None:
-        save_feeds(Path(paths.traffic), list(traffic.requests))
+        save_traffic(Path(paths.traffic), traffic)  # a trace's timestamps beside it
     return paths

@@ -15,7 +15,7 @@ import numpy as np
 from optimizer.errors import ValidationError
 from optimizer.model.samples import Feed, load_feeds
 from optimizer.model.signature import Signature
-from optimizer.model.traffic import Traffic
+from optimizer.model.traffic import Traffic, load_timestamps
 from optimizer.records.tune_result import TuneResult
 
 MAX_INPUT_ENTRIES = 64
@@ -28,7 +28,8 @@ def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batchin
     With `batching`, axis 0 of every array is the batch axis: each row becomes one entry (a batch-1
     request; `-b N` makes perf_analyzer send N of them per request). Without it, each feed is one
     entry with its full shape. Data are the arrays' exact little-endian bytes (base64) with an
-    explicit "shape", so dynamic axes need no --shape. Returns `path`.
+    explicit "shape", so dynamic axes need no --shape. A trace's "timestamp" is never written: perf_analyzer 2.51 takes
+    it for an input the model lacks and refuses the file; the schedule goes in --request-intervals. Returns `path`.
     """
     entries: list[dict[str, Any]] = []
     for feed in feeds:
@@ -38,6 +39,8 @@ def write_input_data(path: Path, feeds: Iterable[dict[str, np.ndarray]], batchin
                 break
             entry = {}
             for name, arr in feed.items():
+                if name == "timestamp" and not isinstance(arr, np.ndarray):  # an arrival time, not an input
+                    continue
                 one = arr[i] if batching else arr
                 if batching and one.ndim == 0:  # a per-sample scalar: its config says dims [1] (reshape { shape: [] })
                     one = one.reshape(1)
@@ -74,3 +77,18 @@ def traffic_requests(result: TuneResult, padding: dict[str, Any] | None = None) 
     sent = traffic.sent()
     shapes = len({tuple(a.shape for a in f.values()) for f in sent})
     return sent, f"{traffic.origin} ({len(sent)} of {len(traffic.requests)} requests sent round-robin, {shapes} shape{'s' if shapes != 1 else ''})"
+
+
+def trace_of(result: TuneResult, padding: dict[str, Any] | None = None) -> tuple[list[Feed], list[float]] | None:
+    """A trace's requests in the trace's order (every one: its schedule is theirs, so no subsample) with their timestamps
+    in ms, in the exported names; None when the run's traffic has no timestamps. Write them with write_input_data(...,
+    max_entries=len(feeds)) and their schedule with perf_analyzer_rate.trace_gaps_us."""
+    path = result.reference.traffic
+    stamps = load_timestamps(path) if path and Path(path).is_file() else None
+    if stamps is None:
+        return None
+    feeds = load_feeds(Path(path))
+    if padding:
+        signature = Signature.from_json(result.signature)
+        feeds = list(Traffic(tuple(feeds), "file", "").padded(signature, list(padding["edges"])).requests)
+    return feeds, list(stamps)
