@@ -205,6 +205,54 @@ def test_a_trace_is_saved_with_the_runs_samples_read_back_from_the_report_and_ne
     assert not timestamps_path(tmp_path / "traffic.npz").exists() and trace_of(result) is None
 
 
+# -- aitune-export traffic FILE ----------------------------------------------------------------------------------------
+
+
+def _traffic_cli(*args: str):
+    from click.testing import CliRunner
+
+    from optimizer.cli import main
+
+    return CliRunner().invoke(main, ["traffic", *args])
+
+
+def test_the_traffic_command_summarises_a_trace_and_gives_the_input_flags_its_shapes_need(tmp_path: Path):
+    path = _write(tmp_path, _trace([0, 10, 20, 30, 40]))  # lengths 3, 4, 5, 6, 3
+    r = _traffic_cli(str(path))
+    assert r.exit_code == 0, r.output
+    assert "5 requests, 4 shapes; checked against the file's own structure" in r.output
+    assert "a trace of 0.04 s at 100 requests/s on average, burstiness 0.00" in r.output
+    assert "input input_ids: int64, dims 3-6" in r.output and "(--input input_ids:int64:3-6)" in r.output
+    assert "input_ids 3, attention_mask 3" in r.output and "40%" in r.output
+    doc = json.loads(_traffic_cli(str(path), "--json").output)
+    assert doc["summary"]["requests"] == 5 and doc["summary"]["rate_per_s"] == 100.0 and doc["summary"]["burstiness"] == 0.0
+    assert [i["input_flag"] for i in doc["inputs"]] == ["--input input_ids:int64:3-6", "--input attention_mask:int64:3-6"]
+    plain = _traffic_cli(str(_write(tmp_path, {"data": [_entry(3)]})), "--input", "input_ids:int64:1-8", "--input", "attention_mask:int64:1-8")
+    assert plain.exit_code == 0 and "no timestamps" in plain.output and "checked against --input input_ids:int64:1-8" in plain.output
+
+
+@pytest.mark.parametrize("doc,args,words", [
+    ({"data": [_entry(3), _entry(9)]}, ("--input", "input_ids:int64:1-8", "--input", "attention_mask:int64:1-8"), "entry 1 input 'input_ids': dim 0 is 9, outside the model's 1-8"),
+    ({"data": [_entry(3), {"input_ids": {"content": [1], "shape": [1]}}]}, (), "entry 1 misses input 'attention_mask'"),
+    ({"data": [_entry(3), {"input_ids": {"content": [1, 2], "shape": [1, 2]}, "attention_mask": {"content": [1], "shape": [1]}}]}, (), "has shapes of 1 and 2 dims"),
+    (_trace([0, 5, 3]), (), 'entry 2: "timestamp" 3 is before entry 1'),
+    ("[1, 2", (), "is not JSON"),
+])
+def test_the_traffic_command_refuses_a_bad_file_with_one_line_and_exit_2(tmp_path: Path, doc, args, words):
+    r = _traffic_cli(str(_write(tmp_path, doc)), *args)
+    assert r.exit_code == 2 and words in r.output and r.output.count("error:") == 1, r.output
+
+
+def test_the_traffic_command_checks_a_file_against_a_models_own_signature(tmp_path: Path):
+    ok = _write(tmp_path, {"data": [{"x": {"content": [0.5] * 16, "shape": [16]}, "timestamp": 0}, {"x": [1.0] * 16, "timestamp": 4}]})
+    r = _traffic_cli(str(ok), "tests.fixtures.models:mlp")
+    assert r.exit_code == 0, r.output
+    assert "checked against MODEL tests.fixtures.models:mlp" in r.output and "input x: float32, dims 16" in r.output
+    bad = _write(tmp_path, {"data": [{"x": {"content": [0.5] * 8, "shape": [8]}}]})
+    r = _traffic_cli(str(bad), "tests.fixtures.models:mlp")
+    assert r.exit_code == 2 and "entry 0 input 'x': dim 0 is 8, outside the model's 16" in r.output, r.output
+
+
 # -- the load in the user's terms -------------------------------------------------------------------------------------
 
 

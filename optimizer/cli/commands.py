@@ -368,6 +368,30 @@ def serve(ctx: click.Context, repo: str, http_port: int, grpc_port: int, model_c
     _run_guarded(lambda: run_serve(request, print_serving, sink))
 
 
+@main.command("traffic")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("model", required=False)
+@click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS",
+              help="Check the entries against this input, as export's --input (repeat for each input; with MODEL, on top of its own).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def traffic_command(file: str, model: str | None, inputs: tuple[str, ...], as_json: bool) -> None:
+    """Summarise and check a traffic FILE (perf_analyzer --input-data JSON, one entry per request) before export --traffic.
+
+    Prints the requests, their shapes' histogram and, when the entries carry "timestamp" (ms), the trace's mean rate,
+    duration, burstiness and peak rate. With MODEL or --input every entry is checked as export checks it; with neither,
+    the file's structure is checked and each input's shapes are shown with the --input flag that describes them.
+    Exit status 0 when the file is usable, 2 with one line naming the entry and the fix when it is not.
+    """
+    from optimizer.app.traffic import check_traffic, describe_traffic
+
+    check = _run_guarded(lambda: check_traffic(Path(file), model, inputs))
+    if as_json:
+        click.echo(json.dumps(check.to_json(), indent=2))
+    else:
+        for line in describe_traffic(check):
+            click.echo(line)
+
+
 def run() -> None:
     """The console script: `main`, then an exit that skips the interpreter's teardown.
 
