@@ -312,3 +312,15 @@ def test_the_validator_sees_a_broken_job():
 def test_an_empty_plan_has_no_job():
     with pytest.raises(SettingsError, match="no entries"):
         indexed_job([], "img:1", "/plan.toml")
+
+
+def test_the_kserve_manifest_takes_its_replicas_and_autoscaling_target_from_the_capacity():
+    from optimizer.records.capacity import Capacity
+
+    config = {"name": "bert", "instance_group": {"count": 2, "kind": "KIND_CPU"}}
+    cap = Capacity(256.0, 20.0, 95, "poisson", 3, target_rate=1000.0, headroom=0.2).to_json()
+    predictor = inference_service("s3://bucket/repo", "bert", config, "26.07", cores=2, capacity=cap).body["spec"]["predictor"]
+    assert predictor["minReplicas"] == 5 and predictor["maxReplicas"] == 10  # ceil(1000 / (256 x 0.8))
+    assert predictor["scaleMetric"] == "rps" and predictor["scaleTarget"] == 204
+    plain = inference_service("s3://bucket/repo", "bert", config, "26.07", cores=2).body["spec"]["predictor"]
+    assert set(plain) == {"model"}  # no capacity measured: KServe's defaults

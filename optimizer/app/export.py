@@ -37,6 +37,9 @@ SERVE_SEARCH_SHARE = 0.4
 MIN_SERVE_SEARCH_S = 90.0
 """Without --serve-search-seconds the search may take 40% of the tuning time, at least 90 s: enough for the coarse pass and
 a refinement of a small model; a larger model's tuning time buys its search more."""
+RATE_SEARCH_EXTRA = 1.25
+"""With --rate the default budget is a quarter longer: the finalists' open-loop runs (several seconds each) come on top of
+a closed-loop pass that still needs its coarse grid."""
 
 
 @dataclass
@@ -196,12 +199,15 @@ def _serve_search(settings: ExportSettings, plan: RunPlan, result: TuneResult, o
     from optimizer.triton.measure.served_search import SearchRequest, served_search
     from optimizer.triton.measure.served_search.request import LOCAL_PROTOCOL
 
-    budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds)
+    rate, rate_max = settings.rate_target()
+    budget = settings.serve_search_seconds or max(MIN_SERVE_SEARCH_S, SERVE_SEARCH_SHARE * result.tune_seconds) * (
+        RATE_SEARCH_EXTRA if rate is not None or rate_max else 1.0)
     concurrency, load_range = plan.load
     request = SearchRequest(work / "served_search", concurrency, settings.latency_budget_ms, result.percentile, budget, plan.cache_root,
                             user_max=plan.user_max, wait_for_cores_s=settings.wait_for_cores_s, url=settings.url,
                             protocol=settings.protocol if settings.url else LOCAL_PROTOCOL, server_version=plan.server.describe().split(" at ")[0] if plan.server is not None else "",
-                            use_cache=settings.cache, load_range=load_range)
+                            use_cache=settings.cache, load_range=load_range, rate=rate, rate_max=rate_max, arrivals=settings.arrivals,
+                            headroom=settings.headroom)
     tried = {result.selected}
     while True:
         search = served_search(result, options, request, on_event)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from optimizer.records.capacity import Capacity
 from optimizer.records.served_search import ServedSearch
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ def print_export(outcome: ExportOutcome) -> None:
         click.echo(outcome.published.config["batching"]["explanation"])
     if outcome.published.served_search:
         click.echo(served_search_line(outcome.published.served_search))
+        if line := capacity_line(outcome.published.served_search.get("capacity")):
+            click.echo(line)
     click.echo(f"report {outcome.report_path}")
     if outcome.published.model_analyzer_config:
         click.echo(f"Model Analyzer config: {outcome.published.model_analyzer_config}")
@@ -70,9 +73,21 @@ def served_search_line(search: dict[str, Any]) -> str:
     where = " beside other processes' load" if found.beside_load else ""
     return (f"served search for {found.load}: {chosen.point.label} serves {chosen.throughput:.1f}/s, p{pct} "
             f"{chosen.level(chosen.concurrency or 0).latency(pct) if chosen.level(chosen.concurrency or 0) else chosen.p95_ms:.1f} ms "
-            f"at concurrency {chosen.concurrency}{where}{label}; the in-process rules' config served {start.throughput:.1f}/s at concurrency "
-            f"{start.concurrency} ({found.count_text()} in {found.seconds:.0f} s; {found.stopped})"
+            f"closed-loop at {chosen.concurrency} clients{where}{label}; the in-process rules' config served {start.throughput:.1f}/s at "
+            f"{start.concurrency} clients ({found.count_text()} in {found.seconds:.0f} s; {found.stopped})"
             + (f"; reused from the search measured {found.cached_from}" if found.cached_from else ""))
+
+
+def capacity_line(capacity: dict[str, Any] | None) -> str:
+    """One line: the rate the published config holds open-loop, and the replicas a target rate needs ("" without one)."""
+    if not capacity:
+        return ""
+    cap = Capacity.from_json(capacity)
+    line = f"capacity of {cap.point or 'the published config'}: {cap.describe()}"
+    if cap.replicas is not None:
+        line += (f"; {cap.target_rate:g} requests/s need {cap.replicas} replica{'s' if cap.replicas != 1 else ''} "
+                 f"(each planned at {cap.per_replica_target:.1f}/s: {cap.headroom:.0%} headroom)")
+    return line
 
 
 def print_backends(rows: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:

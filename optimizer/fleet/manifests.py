@@ -209,8 +209,35 @@ def serving_resources(config: Mapping[str, Any], cores: int) -> tuple[dict[str, 
     return {"requests": dict(amounts), "limits": dict(amounts)}, why
 
 
+def autoscaling(capacity: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """The predictor's replica and autoscaling fields from the published config's open-loop capacity (report.json's
+    `capacity`), and the comments that say where they come from; nothing without a capacity.
+
+    KServe's ComponentExtensionSpec: `scaleMetric: rps` with `scaleTarget` the rate each replica is planned at (its capacity
+    less the headroom; Knative's autoscaler in KServe's Serverless mode), `minReplicas` the replicas the target rate needs, so
+    the fleet holds it before any scale-up, and `maxReplicas` twice that for bursts above it."""
+    if not capacity or not capacity.get("rate_per_s"):
+        return {}, []
+    target = max(1, int(float(capacity.get("per_replica_target") or capacity["rate_per_s"])))
+    fields: dict[str, Any] = {"scaleMetric": "rps", "scaleTarget": target}
+    budget = capacity.get("latency_budget_ms")
+    within = f"p{capacity.get('percentile', 95)} <= {float(budget):g} ms" if budget is not None else "no latency target"
+    headroom = float(capacity.get("headroom") or 0.0)
+    comments = [f"Autoscaling: each replica held {float(capacity['rate_per_s']):g} requests/s open-loop ({capacity.get('arrivals')} arrivals, "
+                f"{within}); scaleTarget {target} rps keeps {headroom:.0%} of it free (--headroom). scaleMetric rps needs KServe's "
+                "Serverless mode (Knative); in RawDeployment mode set an HPA on your own metric instead."]
+    replicas, rate = capacity.get("replicas"), capacity.get("target_rate")
+    if replicas:
+        fields |= {"minReplicas": int(replicas), "maxReplicas": 2 * int(replicas)}
+        comments.append(f"Replicas: {rate:g} requests/s need {replicas} (minReplicas, so the rate is held before any scale-up); "
+                        "maxReplicas is twice that, for bursts above it.")
+    else:
+        fields["minReplicas"] = 1
+    return fields, comments
+
+
 def inference_service(repository: str | Path, model_name: str, config: Mapping[str, Any], release: str | None = None, *,
-                      cores: int | None = None, namespace: str | None = None) -> Manifest:
+                      cores: int | None = None, namespace: str | None = None, capacity: Mapping[str, Any] | None = None) -> Manifest:
     """The InferenceService that serves `model_name` from the repository root `repository` (a local folder or an
     object-storage URI) with KServe's Triton runtime at `release` (None: DEFAULT_RELEASE).
 
@@ -249,6 +276,8 @@ def inference_service(repository: str | Path, model_name: str, config: Mapping[s
             "resources": resources,
         }}},
     }
+    scaling, scaling_comments = autoscaling(capacity)
+    body["spec"]["predictor"] = {**scaling, **body["spec"]["predictor"]}
     comments = [
         f"KServe InferenceService {service!r} serving the Triton model {model_name!r}; written by aitune-export.",
         f"storageUri is the repository root (the folder that holds {model_name}/config.pbtxt), never the model folder.",
@@ -256,6 +285,7 @@ def inference_service(repository: str | Path, model_name: str, config: Mapping[s
         f"runtimeVersion {version}: the tritonserver image of Triton {release or default_release()} (the release the model was built for).",
         f"Resources: {why}. Memory is left to KServe's default (2Gi unless your cluster sets another): raise it for a large model.",
     ]
+    comments += scaling_comments
     gpus = (config.get("instance_group") or {}).get("gpus") or []
     if any(int(g) != i for i, g in enumerate(gpus)):
         comments.append(f"WARNING: config.pbtxt pins GPU(s) {gpus}, but a pod numbers its GPUs from 0 and the model will not load; "
@@ -339,11 +369,11 @@ def write_manifest(path: Path, manifest: Manifest) -> Path:
 
 
 def write_manifests(report_dir: Path, model_dir: str | Path, config: Mapping[str, Any], release: str | None = None, *,
-                    cores: int | None = None) -> Path:
+                    cores: int | None = None, capacity: Mapping[str, Any] | None = None) -> Path:
     """Write <report_dir>/kserve/inferenceservice.yaml for the model published in `model_dir` (its folder: the
     repository root and the model name are both taken from it, so they cannot disagree); returns the path."""
     repository, name = split_model_dir(model_dir)
-    manifest = inference_service(repository, name, config, release, cores=cores)
+    manifest = inference_service(repository, name, config, release, cores=cores, capacity=capacity)
     path = write_manifest(Path(report_dir) / KSERVE_DIR / INFERENCE_SERVICE_FILE, manifest)
     if manifest.needs_edit:
         log.info("%s | KServe manifest %s: replace %s with the volume that holds the repository before applying it", name, path, PVC_PLACEHOLDER)
@@ -354,6 +384,7 @@ def record_manifests(report_dir: Path, published: Published, release: str | None
     """After publishing: write the manifests and record where in `published`. A manifest is a by-product, so a failure
     is logged and the export goes on (published.kserve_manifest stays None)."""
     try:
-        published.kserve_manifest = str(write_manifests(report_dir, published.model_dir, published.config or {}, release))
+        capacity = (published.served_search or {}).get("capacity")
+        published.kserve_manifest = str(write_manifests(report_dir, published.model_dir, published.config or {}, release, capacity=capacity))
     except (OptimizerError, OSError) as err:
         log.warning("no KServe manifest was written: %s", err)

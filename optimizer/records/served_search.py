@@ -13,10 +13,11 @@ from typing import Any
 SEARCH_STATUSES = ("searched", "skipped", "off")
 """searched: measured in a tritonserver; skipped: it could not serve this artifact (reason says why); off: not asked."""
 
-OBJECTIVES = ("concurrency", "latency", "range", "any-load")
+OBJECTIVES = ("concurrency", "latency", "range", "any-load", "rate")
 """concurrency: the most throughput at --concurrency N; latency: the most throughput at any load whose percentile latency
 meets --latency-budget-ms; range (--concurrency LOW:HIGH) and any-load (no load given): the variant whose worst score
-(throughput and latency against the best) over a ladder of loads is highest (objective.robust_ratios)."""
+(throughput and latency against the best) over a ladder of loads is highest (objective.robust_ratios); rate (--rate R|max):
+the finalists of a closed-loop pass measured open-loop, the highest capacity within the budget (or the lowest latency at R)."""
 
 OBJECTIVE_SENTENCE = ("With no load given, the published config is the one whose worst score over the loads 1, 4, 16, 64, ... "
                       "concurrent requests is highest, a load's score being the geometric mean of its throughput and its p95 "
@@ -188,6 +189,8 @@ class ServedSearch:
     client_padding: dict[str, Any] | None = None  # padding.PaddingTrial.to_json(): advised (clients pad to its edges) or why not
     kinds: str = ""  # which candidate of the other kind (padding or not) entered the search, or why none did
     candidate: str = ""  # the candidate the published variant serves ("" the selected one)
+    capacity: dict[str, Any] | None = None  # records.capacity.Capacity.to_json() of the published config (--rate or --latency-budget-ms)
+    open_loop: list[dict[str, Any]] = field(default_factory=list)  # every finalist measured open-loop: point, label, capacity
 
     @property
     def padded(self) -> bool:

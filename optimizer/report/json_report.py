@@ -26,10 +26,13 @@ def write_report(path: Path, result: TuneResult, settings: ExportSettings, publi
 
 def _write_report(path: Path, result: TuneResult, settings: ExportSettings, published: Any, extra: dict[str, Any] | None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    published_json = None if published is None else published.to_json()
     doc = {
         "result": result.to_json(),
         "settings": settings.to_dict(),
-        "published": None if published is None else published.to_json(),
+        "published": published_json,
+        # the published config's open-loop capacity (--rate or --latency-budget-ms), where fleet sizing and validate read it
+        "capacity": ((published_json or {}).get("served_search") or {}).get("capacity"),
         **(extra or {}),
     }
     tmp = path.with_suffix(".json.tmp")

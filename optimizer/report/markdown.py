@@ -19,6 +19,7 @@ from optimizer.report.markdown_tables import cell as _cell
 from optimizer.report.markdown_tables import ms as _ms
 from optimizer.report.markdown_tables import table as _table
 from optimizer.report.served_search_section import served_search_section
+from optimizer.report.capacity_section import capacity_section
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def write_report_files(report_path: Path, out_dir: Path | None = None) -> Render
     import json
 
     from optimizer.records.report_file import read_report
-    from optimizer.report.plots import write_plots, write_served_search_plot
+    from optimizer.report.plots import write_capacity_plot, write_plots, write_served_search_plot
 
     result, _, doc = read_report(report_path)
     out_dir = out_dir or report_path.parent
@@ -62,6 +63,9 @@ def write_report_files(report_path: Path, out_dir: Path | None = None) -> Render
     served = write_served_search_plot((doc.get("published") or {}).get("served_search"), out_dir)
     if served is not None:
         plots["served_search"] = served
+    capacity = write_capacity_plot(doc.get("capacity"), out_dir)
+    if capacity is not None:
+        plots["capacity"] = capacity
     text = render_markdown(result, doc.get("settings", {}), doc.get("published"), validation, {k: p.name for k, p in plots.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "report.md"
@@ -94,6 +98,8 @@ def render_markdown(
         _max_batch(result, ((published or {}).get("config") or {}).get("max_batch_size")),
         traffic_section(result.traffic),
         served_search_section((published or {}).get("served_search"), plots.get("served_search")),
+        capacity_section(((published or {}).get("served_search") or {}).get("capacity"), ((published or {}).get("served_search") or {}).get("open_loop"),
+                         plots.get("capacity"), bool(((published or {}).get("served_search") or {}).get("stand_in"))),
     ]
     if validation is not None:
         parts.append(validation_section(validation))

@@ -25,6 +25,8 @@ PLOT_FILES = {"throughput": "throughput.png", "latency": "latency.png"}
 """Plot kind -> file name, written beside report.json and linked from report.md."""
 SERVED_SEARCH_FILE = "served_search.png"
 """The served search's plot (`write_served_search_plot`), drawn from report.json's `published.served_search`."""
+CAPACITY_FILE = "capacity.png"
+"""Latency against offered rate, open-loop (`write_capacity_plot`), drawn from report.json's `capacity`."""
 
 
 @dataclass
@@ -152,7 +154,7 @@ def served_search_figure(search: dict[str, Any]) -> Figure | None:
     if not variants:
         return None
     kind = " (stand-in backend)" if search.get("stand_in") else ""
-    fig, ax = _axes(f"served search: {search.get('objective') or 'concurrency'}{kind}", "served throughput (infer/s)",
+    fig, ax = _axes(f"served search, closed-loop: {search.get('objective') or 'concurrency'}{kind}", "served throughput (infer/s)",
                     xlabel="concurrency (requests in flight)", log_x=True)
     chosen, start = search.get("chosen"), search.get("start")
     named = {id(v) for v in sorted((v for v in variants if v["point"] not in (chosen, start)), key=lambda v: -(v.get("throughput") or 0))[:3]}
@@ -192,6 +194,50 @@ def write_served_search_plot(search: dict[str, Any] | None, out_dir: Path) -> Pa
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / SERVED_SEARCH_FILE
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def capacity_figure(capacity: dict[str, Any]) -> Figure | None:
+    """p50 / p95 / p99 latency against the offered rate (open-loop), the latency target a dashed line and the capacity a
+    star; None when nothing was measured."""
+    curve = sorted(capacity.get("curve") or [], key=lambda lv: lv["offered"])
+    if not curve:
+        return None
+    from optimizer.records.capacity import arrivals_label
+
+    fig, ax = _axes(f"open-loop, {arrivals_label(capacity.get('arrivals', 'poisson'))}: {capacity.get('point') or ''}", "latency (ms)",
+                    xlabel="offered rate (requests/s)", log_x=False)
+    xs = [lv["offered"] for lv in curve]
+    for pct, style in ((50, ":"), (95, "-"), (99, "--")):
+        ax.plot(xs, [lv[f"p{pct}_ms"] for lv in curve], linestyle=style, marker="o", markersize=4, label=f"p{pct}")
+    budget, pct = capacity.get("latency_budget_ms"), capacity.get("percentile") or 95
+    if budget is not None:
+        ax.axhline(budget, color="grey", linestyle="--", linewidth=1.0, label=f"target p{pct} <= {budget:g} ms")
+    held = capacity.get("rate_per_s")
+    at = next((lv for lv in curve if lv["offered"] == held), None)
+    if at is not None:
+        ax.plot([held], [at[f"p{pct}_ms"] if pct in (50, 90, 95, 99) else at["p95_ms"]], linestyle="none", marker="*", markersize=16,
+                color="black", zorder=6, label=f"capacity {held:g}/s")
+    ax.set_yscale("log")
+    ax.legend(fontsize="x-small", loc="upper left")
+    return fig
+
+
+def write_capacity_plot(capacity: dict[str, Any] | None, out_dir: Path) -> Path | None:
+    """Draw `capacity_figure` into `out_dir`; None without a capacity, or without matplotlib."""
+    if not capacity:
+        return None
+    try:
+        fig = capacity_figure(capacity)
+    except ImportError as err:
+        log.warning("no capacity plot: matplotlib cannot be imported (%s); install the report extra: pip install 'aitune-export[report]'", err)
+        return None
+    if fig is None:
+        return None
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / CAPACITY_FILE
     fig.savefig(path, dpi=110)
     return path
 

@@ -20,7 +20,7 @@ from optimizer.report.markdown_tables import table as _table
 
 RULES_STAND = "the in-process rules stand"
 
-_HEADER = ("stage", "point", "differs from published", "at concurrency", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "server batch",
+_HEADER = ("stage", "point", "differs from published", "at concurrency (closed-loop)", "throughput/s", "p50 ms", "p95 ms", "p99 ms", "server batch",
            "curve (concurrency: infer/s)", "status")
 
 
@@ -55,7 +55,9 @@ def _story(search: dict[str, Any]) -> str:
     pct = _percentile(search)
     variants = search.get("variants") or []
     load = f"Chosen for {_cell(search['load'])}." if search.get("load") else ""
-    where = f" The published variant was scored at concurrency {search.get('concurrency')} ({_cell(search.get('concurrency_source') or 'source not recorded')})"
+    where = (f" Every figure in this section is closed-loop: N clients that each wait for an answer (perf_analyzer's concurrency mode), "
+             "so no more than N requests ever queue; the capacity below is open-loop.") if search.get("capacity") else ""
+    where += f" The published variant was scored at concurrency {search.get('concurrency')} ({_cell(search.get('concurrency_source') or 'source not recorded')})"
     budget = search.get("latency_budget_ms")
     where += f", within a p{pct} latency budget of {float(budget):g} ms" if budget is not None else ""
     where += f", on {_cell(search['request_mix'])}." if search.get("request_mix") else "."
@@ -80,7 +82,7 @@ def _story(search: dict[str, Any]) -> str:
         second += f" Close call: {_cell(search['settled'])}."
     prediction = []
     if search.get("predicted_throughput") is not None:
-        prediction.append(f"{float(search['predicted_throughput']):.1f} infer/s served ({kind}) at concurrency {search.get('concurrency')}")
+        prediction.append(f"{float(search['predicted_throughput']):.1f} infer/s served ({kind}) closed-loop at concurrency {search.get('concurrency')}")
     if search.get("in_process_throughput") is not None:
         batch = f" at the server-formed batch {float(chosen_v['server_batch']):.2f}" if chosen_v and chosen_v.get("server_batch") else " at the server-formed batch"
         prediction.append(f"{float(search['in_process_throughput']):.1f} samples/s in-process{batch}")
@@ -176,7 +178,7 @@ def _served(v: dict[str, Any], pct: int, kind: str) -> str:
     if v.get("throughput") is None:
         return f"{v.get('status', '')}"
     lat = next((lv.get(f"p{pct}_ms") for lv in v.get("curve") or [] if lv.get("concurrency") == v.get("concurrency")), v.get(f"p{pct}_ms"))
-    return f"{float(v['throughput']):.1f}/s at p{pct} {_ms(lat)} ms at concurrency {v.get('concurrency')}, {kind}"
+    return f"{float(v['throughput']):.1f}/s at p{pct} {_ms(lat)} ms closed-loop at concurrency {v.get('concurrency')}, {kind}"
 
 
 def _label(point: dict[str, Any] | None) -> str:

@@ -56,7 +56,7 @@ def arrival_gaps_us(rate: float, arrivals: str, seconds: float = SCHEDULE_S, see
     for b in range(blocks):
         # the count of each second, exactly the rate's (fractions carried over), placed uniformly at random in it
         carry += rate * ARRIVAL_BLOCK_S
-        count = int(carry)
+        count = int(carry + 1e-9)
         carry -= count
         times.extend(b * ARRIVAL_BLOCK_S + np.sort(rng.uniform(0.0, ARRIVAL_BLOCK_S, count)))
     if not times:

@@ -61,7 +61,8 @@ def search_key(result: TuneResult, start_config: str, request: Any, server_build
     settings = {"concurrency": request.concurrency, "load_range": request.load_range, "latency_budget_ms": request.latency_budget_ms, "percentile": request.percentile,
                 "budget_s": request.budget_s, "user_max": request.user_max, "url": request.url, "protocol": request.protocol,
                 "server_version": request.server_version, "io_names": io_names, "release": result.triton_release,
-                "server": server_build, "machine": machine_fingerprint()}
+                "server": server_build, "machine": machine_fingerprint(), "rate": request.rate, "rate_max": request.rate_max,
+                "arrivals": request.arrivals, "headroom": request.headroom}
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return h.hexdigest()[:32]
 

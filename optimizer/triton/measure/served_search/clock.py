@@ -107,9 +107,10 @@ class BudgetClock:
     @contextmanager
     def holding_back(self, seconds: Callable[[], float]) -> Iterator[None]:
         """Within the block the whole search stops `seconds()` earlier: time kept for a stage that follows it, worked out
-        at each check (so it can grow with what a variant costs)."""
-        self.held = seconds
+        at each check (so it can grow with what a variant costs). Nested blocks add up: each later stage keeps its time."""
+        before = self.held
+        self.held = lambda: before() + seconds()
         try:
             yield
         finally:
-            self.held = lambda: 0.0
+            self.held = before

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from optimizer.errors import ValidationError
+from optimizer.records.capacity import RateLevel
 from optimizer.records.served_search import LoadLevel, ServedVariant
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.config.spec import config_signature
@@ -46,6 +47,9 @@ class Bench:
     window_ms: int = MIN_WINDOW_MS
     timeout_s: float = 120.0
     protocol: str = "http"
+    arrivals: str = "poisson"  # how open-loop requests arrive (--arrivals), unless the traffic is a trace
+    trace_ms: tuple[float, ...] | None = None  # the traffic's timestamps (ms), in the order of rate_input's entries
+    rate_input: Path | None = None  # perf_analyzer's input data for open-loop runs of a trace (its requests in its order)
 
     def window_for(self, throughput: float | None) -> int:
         """Windows that hold about WINDOW_REQUESTS requests at this throughput."""
@@ -57,6 +61,16 @@ class Bench:
     def measure(self, model: str, concurrency: int, window_ms: int) -> LoadLevel:
         """One perf_analyzer run at one concurrency (measure_level)."""
         return measure_level(self, model, concurrency, window_ms)
+
+    def measure_rate(self, model: str, offered: float) -> RateLevel:
+        """One open-loop run at `offered` requests per second: the trace's gaps scaled to it, else --arrivals."""
+        from optimizer.triton.runtime.perf_analyzer_rate import RateSettings, arrival_gaps_us, measure_rate, trace_gaps_us, write_intervals
+
+        gaps = trace_gaps_us(self.trace_ms, offered) if self.trace_ms else arrival_gaps_us(offered, self.arrivals)
+        intervals = write_intervals(self.workdir / "perf_analyzer" / f"intervals_{offered:g}.txt", gaps)
+        data = self.rate_input if self.trace_ms and self.rate_input else self.input_data
+        return measure_rate(model, self.url, data, intervals, self.workdir / "perf_analyzer",
+                            RateSettings(protocol=self.protocol, timeout_s=self.timeout_s + 60))
 
     def warm(self, model: str, concurrency: int, requests: int) -> None:
         """Warm a loaded variant through tritonclient (warm_up)."""

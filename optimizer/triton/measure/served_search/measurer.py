@@ -8,8 +8,9 @@ objective asks for, and unloads it. A group's unloading overlaps the next group'
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from optimizer.errors import ConfigRuleError, PublishError, TemplateError, ValidationError
 from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedVariant
@@ -240,6 +241,23 @@ class VariantMeasurer:
         gone = [n for p, n in self.parked.items() if p != point]
         self.parked = {p: n for p, n in self.parked.items() if p == point}
         self.unload(gone, wait=point is not None)
+
+    @contextmanager
+    def loaded(self, point: OperatingPoint, warm_requests: int = 4 * WARMUP_PER_SLOT) -> Iterator[str | None]:
+        """`point` loaded under a fresh private name (or the name a settling parked it under) and warmed, for open-loop
+        runs; None when it does not load. Unloaded afterwards."""
+        name = self.parked.pop(point, None)
+        if name is None:
+            name = self.next_name(point.candidate)
+            if self.load({name: self.config(point)}):
+                self.unload([name], wait=False)
+                yield None
+                return
+        try:
+            self.bench.warm(name, 4, warm_requests)
+            yield name
+        finally:
+            self.unload([name], wait=True)
 
     def lone_request(self, point: OperatingPoint, cost: float) -> LoadLevel | None:
         """`point` at one request at a time, loaded again unless a settling left it parked; None when it does not fit the

@@ -26,6 +26,20 @@ class SearchRequest:
     server_version: str = ""  # what that server said it is (remote.probe_server)
     use_cache: bool = True  # --cache: reuse the search of an identical earlier run (cache.py)
     load_range: tuple[int, int] | None = None  # --concurrency LOW:HIGH: every load of that range counts
+    rate: float | None = None  # --rate R: the requests per second the config must hold (open-loop)
+    rate_max: bool = False  # --rate max: the highest rate held within the latency budget
+    arrivals: str = "poisson"  # --arrivals: how open-loop requests arrive (a trace keeps its own schedule)
+    headroom: float = 0.2  # --headroom: the share of a replica's capacity kept free when R becomes replicas
+
+    @property
+    def rate_objective(self) -> bool:
+        """Whether the published config is chosen open-loop (--rate R or max); a latency budget alone only states its capacity."""
+        return self.rate is not None or self.rate_max
+
+    @property
+    def open_loop(self) -> bool:
+        """Whether anything is measured open-loop: a rate objective, or the capacity of the config chosen within a budget."""
+        return self.rate_objective or self.latency_budget_ms is not None
 
     @property
     def objective(self) -> Objective:

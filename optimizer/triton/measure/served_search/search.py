@@ -21,6 +21,7 @@ from optimizer.events import Event, EventSink, ignore
 from optimizer.model.samples import load_feeds
 from optimizer.model.signature import Signature
 from optimizer.model.traffic import Traffic
+from optimizer.records.capacity import arrivals_label
 from optimizer.records.served_search import OperatingPoint, ServedSearch
 from optimizer.records.tune_result import TuneResult
 from optimizer.triton.config.front import needs_front
@@ -33,6 +34,7 @@ from optimizer.triton.measure.served_search.kinds import enter_other_kind, other
 from optimizer.triton.measure.served_search.clock import BudgetClock
 from optimizer.triton.measure.served_search.measure import request_mix
 from optimizer.triton.measure.served_search.measurer import VariantMeasurer
+from optimizer.triton.measure.served_search.open_loop import OpenLoopStage, open_loop_reserve
 from optimizer.triton.measure.served_search.padding import PaddingTrial, padded_answers, padding_reserve, padding_trial
 from optimizer.triton.measure.served_search.points import HELD_LAYOUT, SearchSpace, latency_at
 from optimizer.triton.measure.served_search.request import SearchRequest
@@ -133,7 +135,10 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
         if fronted:
             search.served_by += "; measured through the ensemble that keeps the forward() names in front of it, as published"
         input_data, search.request_mix, rows = request_mix(result, request.workdir, public_names=fronted)
-        bench = rig.bench(where, input_data, rows, request)
+        trace = trace_input(result, request.workdir, fronted) if request.open_loop else None
+        bench = rig.bench(where, input_data, rows, request, *([trace[1]] if trace else []))
+        if trace:
+            bench = replace(bench, rate_input=trace[0])
         gpu = Device.of(artifact.device).is_cuda
         decision = result.selected_candidate.decision
         share, first = where.share, search.start
@@ -171,6 +176,9 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
                                                             f"backend {artifact.platform.backend})", 1)
             measurer.bench = replace(bench, window_ms=bench.window_for(best.throughput))
             search.status = "searched"
+            if trial is not None and request.rate_objective:  # its gain would be measured closed-loop, where the rate is not
+                search.client_padding = {"advised": False, "why": "padding is not tried under --rate: the choice is made open-loop, on the traffic as it comes"}
+                trial = None
             padded_later = trial is not None and not trial.answers
             with clock.holding_back(lambda: padding_reserve(clock, request.budget_s) if padded_later else 0.0):
                 other = other_kind(result, options, request, gpu) if not beside else None
@@ -179,9 +187,12 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
                         "the search runs beside other processes' load" if beside else why_no_other_kind(result))
                 else:
                     enter_other_kind(run, other, where, options, request, search, space)
-                search.stopped = run.explore(space)
+                with clock.holding_back(lambda: open_loop_reserve(request.rate_objective) if request.open_loop else 0.0):
+                    search.stopped = run.explore(space)
                 if request.url and run.gone:
                     raise ServerError(f"{run.gone}; every variant it had loaded was unloaded where it could be, nothing was published")
+                if request.open_loop and not run.gone:
+                    OpenLoopStage(run, request, search).run_stage()
                 run.measure_lone_request()
             if trial is not None:
                 search.client_padding = padding_trial(run, trial, request, fronted).to_json()
@@ -191,6 +202,11 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
     search.chosen = run.best.point
     if search.padded:
         search.chosen = OperatingPoint.from_json(search.client_padding["point"])
+        if search.capacity is not None:  # measured on the variant before padding: not the published one's
+            search.capacity = None
+            search.reason = "the capacity was measured before padding was advised; validate --rate measures the published config"
+    if request.rate_objective:
+        search.objective, search.load = "rate", _rate_load(request, search)
     search.candidate = search.chosen.candidate
     search.concurrency = run.best.concurrency
     if run.best.point in run.robust:
@@ -204,6 +220,34 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
     _predict(search, result)
     for v in search.variants:
         v.differs = v.point.differences(search.chosen)
+
+
+def trace_input(result: TuneResult, workdir: Path, public_names: bool) -> tuple[Path, tuple[float, ...]] | None:
+    """A traffic with timestamps: perf_analyzer's input data in the trace's order (in the names the server is sent) and
+    the timestamps, so open-loop runs replay its schedule; None for a traffic without them."""
+    from optimizer.triton.runtime import perf_analyzer_input
+
+    trace_of, write_input_data = getattr(perf_analyzer_input, "trace_of", lambda r: None), perf_analyzer_input.write_input_data  # TEMP
+    trace = trace_of(result)
+    if trace is None:
+        return None
+    feeds, stamps = trace
+    sig, renamed = config_signature(result.selected_candidate.artifact)
+    back = {} if public_names else {original: config_name for config_name, original in renamed.items()}
+    feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in feeds]
+    path = write_input_data(workdir / "perf_analyzer_trace.json", feeds, sig.batching, max_entries=len(stamps))
+    return path, tuple(stamps)
+
+
+def _rate_load(request: SearchRequest, search: ServedSearch) -> str:
+    """What an open-loop choice was for, in one line."""
+    arrivals = "the trace's schedule, scaled" if search.capacity and search.capacity.get("arrivals") == "trace" else arrivals_label(request.arrivals)
+    if request.latency_budget_ms is not None:
+        at = f"--rate {request.rate:g}" if request.rate is not None else "--rate max"
+        return (f"the highest request rate held within p{request.percentile} <= {request.latency_budget_ms:g} ms ({at}, --latency-budget-ms), "
+                f"open-loop under {arrivals}: the finalists of a closed-loop pass measured at rates a grid step apart")
+    return (f"the lowest p{request.percentile} latency at {request.rate:g} requests/s (--rate), open-loop under {arrivals}, "
+            "among the finalists of a closed-loop pass that keep up with it")
 
 
 def run_traffic(result: TuneResult) -> Traffic | None:

@@ -50,13 +50,14 @@ class Rig:
 
         return VariantLoader(where.url, protocol=request.protocol, place=where.place, files=where.files, check_alive=where.check_alive)
 
-    def bench(self, where: Where, input_data: Path, rows: list[dict[str, Any]], request: SearchRequest) -> Any:
+    def bench(self, where: Where, input_data: Path, rows: list[dict[str, Any]], request: SearchRequest,
+              trace_ms: tuple[float, ...] | None = None) -> Any:
         """What measures a loaded variant: perf_analyzer (which must be there) over the search's protocol."""
         from optimizer.triton.measure.served_search.measure import Bench
         from optimizer.triton.runtime.perf_analyzer import find_perf_analyzer
 
         find_perf_analyzer()
-        return Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol)
+        return Bench(where.url, input_data, rows, request.workdir, protocol=request.protocol, arrivals=request.arrivals, trace_ms=trace_ms)
 
     def cores(self) -> int:
         """The cores the server's instance layouts may use."""

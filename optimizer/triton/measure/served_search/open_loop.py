@@ -1,0 +1,194 @@
+"""The served search's open-loop stage: the finalists' capacities under independent arrivals, and the published choice.
+
+Closed-loop clients never queue more requests than there are clients, so the closed-loop ranking only picks the
+finalists: the best variant and the best one that batches differently (a queue delay that is a cost for a lone client
+absorbs the bursts of independent arrivals). Each finalist is then driven open-loop at rates on one grid
+(measure/capacity.py): with a latency budget the highest capacity wins (equal capacities: the lower percentile latency at
+that rate); with --rate R and no budget, the lowest percentile latency among those that keep up with R. With a latency
+budget alone (no rate) the choice stays closed-loop and only the published config's capacity is measured, for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from optimizer.events import Event
+from optimizer.records.capacity import HELD_THROUGHPUT, Capacity, RateLevel, arrivals_label
+from optimizer.records.served_search import ServedVariant
+from optimizer.triton.measure.capacity import MAX_RATE_RUNS, find_capacity, rung, rung_of, seed_rate
+from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS
+
+FINALISTS = 3
+"""Variants measured open-loop at most: the closed-loop best, the best that batches differently, the runner-up."""
+RUN_OVERHEAD_S = 1.5
+"""perf_analyzer's start and exit around an open-loop run's windows."""
+EXPECTED_RUNS = 3
+"""Runs a finalist's capacity usually takes from its closed-loop seed (the reserve is planned on it)."""
+LOAD_S = 3.0
+"""Loading and warming a finalist again."""
+
+
+def run_cost_s() -> float:
+    """Seconds one open-loop run takes."""
+    return RATE_WINDOWS * RATE_WINDOW_MS / 1000.0 + RUN_OVERHEAD_S
+
+
+def open_loop_reserve(rate_objective: bool) -> float:
+    """Seconds the closed-loop exploration leaves for this stage: two finalists under a rate objective, else the published
+    config's capacity alone (a third finalist is measured only when time is left)."""
+    return (2 if rate_objective else 1) * (EXPECTED_RUNS * run_cost_s() + LOAD_S)
+
+
+def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[ServedVariant]:
+    """The closed-loop best, then the best variant that batches differently (a delay or a max where the best has none, or
+    the other way round), then the next best."""
+    if not ranked:
+        return []
+    first = ranked[0]
+
+    def kind(v: ServedVariant) -> tuple[bool, bool]:
+        return v.point.max_batch_size > 1, v.point.queue_delay_us > 0
+
+    other = next((v for v in ranked[1:] if kind(v) != kind(first)), None)
+    picked = [first, *([other] if other is not None else [])]
+    picked += [v for v in ranked[1:] if v not in picked]
+    return picked[:count]
+
+
+class OpenLoopStage:
+    """Measures finalists open-loop on the search's server and sets the run's best to the one chosen."""
+
+    def __init__(self, run, request, search) -> None:
+        self.run, self.request, self.search = run, request, search
+        self.pct, self.budget = request.percentile, request.latency_budget_ms
+        self.capacities: list[tuple[ServedVariant, Capacity]] = []
+
+    def _say(self, message: str) -> None:
+        self.run.on_event(Event("serve", "progress", self.run.label, message))
+
+    def _out_of_time(self, seconds: float) -> bool:
+        return self.run.clock.passed(seconds)
+
+    def _measure(self, name: str) -> Callable[[float], RateLevel]:
+        bench = self.run.bench
+
+        def measure(rate: float) -> RateLevel:
+            with bench.watch() as watch:
+                level = bench.measure_rate(name, rate)
+            level.others_busy = watch.peak_within(RATE_WINDOWS * RATE_WINDOW_MS / 1000.0)
+            mark = "held" if level.judge(self.budget, self.pct).held else f"not held: {level.why}"
+            self._say(f"open-loop {rate:g}/s ({arrivals_label(self.arrivals)}): {level.throughput:.1f}/s p{self.pct} "
+                      f"{level.latency(self.pct):.1f} ms, {mark}")
+            return level
+
+        return measure
+
+    @property
+    def arrivals(self) -> str:
+        return "trace" if self.run.bench.trace_ms else self.request.arrivals
+
+    def capacity(self, v: ServedVariant, seed: float, budget: float | None = None, runs: int = MAX_RATE_RUNS) -> Capacity | None:
+        """`v`'s capacity from `seed` requests/s (None when it does not load again)."""
+        with self.run.measurer.loaded(v.point) as name:
+            if name is None:
+                return None
+            cap = find_capacity(self._measure(name), budget, self.pct, self.arrivals, seed, max_runs=runs,
+                                out_of_time=self._out_of_time, run_cost_s=run_cost_s())
+        cap.point, cap.window_ms, cap.windows = v.point.label, RATE_WINDOW_MS, RATE_WINDOWS
+        self.capacities.append((v, cap))
+        self._say(f"{v.point.label}: {cap.describe()}")
+        return cap
+
+    def closed_seed(self, v: ServedVariant, budget: float | None) -> float:
+        return seed_rate([(lv.throughput, lv.latency(self.pct)) for lv in v.curve], budget)
+
+    # -- the stage -----------------------------------------------------------------------------------------------------
+    def run_stage(self) -> None:
+        """Measure, choose, and record the published config's capacity in the search."""
+        best = self.run.best
+        if best is None:
+            return
+        if not self.request.rate_objective:  # a latency budget alone: the closed-loop choice stands, its capacity is stated
+            cap = self.capacity(best, self.closed_seed(best, self.budget), self.budget)
+            self._record(best, cap)
+            return
+        pool = finalists(self.run.ranked())
+        if self.budget is not None:
+            chosen, cap = self._highest_capacity(pool)
+        else:
+            chosen, cap = self._lowest_latency_at_rate(pool, self.request.rate)
+        self._record(chosen, cap)
+
+    def _highest_capacity(self, pool: list[ServedVariant]) -> tuple[ServedVariant, Capacity | None]:
+        """Highest capacity within the budget; a challenger starts a rung above the leader's capacity (one run says whether
+        it can win), and equal capacities go to the lower percentile latency at that rate."""
+        leader, lead = pool[0], self.capacity(pool[0], self.closed_seed(pool[0], self.budget), self.budget)
+        for k, v in enumerate(pool[1:], start=1):
+            need = (EXPECTED_RUNS if k == 1 else 2) * run_cost_s() + LOAD_S
+            if self._out_of_time(need if k > 1 else run_cost_s() + LOAD_S):
+                break
+            seed = rung(rung_of(lead.rate_per_s) + 1) if lead is not None and lead.rate_per_s else self.closed_seed(v, self.budget)
+            cap = self.capacity(v, seed, self.budget)
+            if cap is not None and _beats(cap, lead, self.pct):
+                leader, lead = v, cap
+        return leader, lead
+
+    def _lowest_latency_at_rate(self, pool: list[ServedVariant], rate: float) -> tuple[ServedVariant, Capacity | None]:
+        """--rate R without a budget: each finalist at R; of those that keep up, the lowest percentile latency. When none
+        keeps up, R needs several replicas: the highest rate kept up with (no latency target) decides."""
+        at_rate: list[tuple[ServedVariant, RateLevel]] = []
+        for k, v in enumerate(pool):
+            if k and self._out_of_time(run_cost_s() + LOAD_S):
+                break
+            with self.run.measurer.loaded(v.point) as name:
+                if name is not None:
+                    at_rate.append((v, self._measure(name)(rate)))
+        kept = [(v, lv) for v, lv in at_rate if lv.throughput >= HELD_THROUGHPUT * lv.offered]
+        if kept:
+            v, level = min(kept, key=lambda p: p[1].latency(self.pct))
+            cap = Capacity(None, None, self.pct, self.arrivals, 1, [level], bounded=False)
+            cap = self._kept_up_with(v, rate, cap)
+            return v, cap
+        best = max(at_rate, key=lambda p: p[1].throughput, default=None)
+        if best is None:
+            return pool[0], None
+        v, level = best
+        return v, self.capacity(v, level.throughput * 0.95)
+
+    def _kept_up_with(self, v: ServedVariant, rate: float, at_rate: Capacity) -> Capacity:
+        """The highest rate `v` keeps up with (no latency target), from R up, for the replica count; R itself when the
+        time is out."""
+        if self._out_of_time(EXPECTED_RUNS * run_cost_s() + LOAD_S):
+            return replace(at_rate, rate_per_s=rung(rung_of(rate, down=True)), bounded=False)
+        cap = self.capacity(v, rate)
+        if cap is None:
+            return at_rate
+        cap.curve = sorted([*at_rate.curve, *cap.curve], key=lambda lv: lv.offered)
+        cap.runs += at_rate.runs
+        return cap
+
+    def _record(self, chosen: ServedVariant, cap: Capacity | None) -> None:
+        search, request = self.search, self.request
+        if self.request.rate_objective:
+            self.run.best = chosen
+        search.open_loop = [{"point": v.point.to_json(), "label": v.point.label, "capacity": c.to_json()} for v, c in self.capacities]
+        if cap is None:
+            search.capacity = None
+            return
+        cap.target_rate, cap.headroom = request.rate, request.headroom
+        cap.point = chosen.point.label
+        search.capacity = cap.to_json()
+
+
+def _beats(cap: Capacity, lead: Capacity | None, percentile: int) -> bool:
+    """Whether `cap` is a higher capacity than `lead` (equal: a lower percentile latency at the rate both held)."""
+    if lead is None or lead.rate_per_s is None:
+        return cap.rate_per_s is not None
+    if cap.rate_per_s is None or cap.rate_per_s < lead.rate_per_s:
+        return False
+    if cap.rate_per_s > lead.rate_per_s:
+        return True
+    mine = next((lv for lv in cap.curve if lv.offered == cap.rate_per_s), None)
+    theirs = next((lv for lv in lead.curve if lv.offered == lead.rate_per_s), None)
+    return mine is not None and theirs is not None and mine.latency(percentile) < theirs.latency(percentile)

@@ -1,0 +1,186 @@
+"""Open-loop measurement: the capacity search on its rate grid, the arrival schedules, and the served search's open-loop
+stage against a made-up server (the order, the scoring and the choice are the real ones)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from optimizer.errors import SettingsError
+from optimizer.records.capacity import Capacity, RateLevel
+from optimizer.records.served_search import LoadLevel, OperatingPoint
+from optimizer.settings import ExportSettings
+from optimizer.triton.measure.capacity import find_capacity, rung, rung_of
+from optimizer.triton.measure.served_search import SearchRequest
+from optimizer.triton.runtime.perf_analyzer_rate import arrival_gaps_us, mean_rate, parse_rate_csv, trace_gaps_us
+from test_served_search import _Bench, _Rig, _run
+
+
+def rate_level(offered: float, throughput: float, p95: float) -> RateLevel:
+    return RateLevel(offered, throughput, p95 * 0.5, p95 * 0.9, p95, p95 * 1.3)
+
+
+def server_holding(capacity: float, calls: list[float] | None = None):
+    """A config that holds `capacity` requests/s at p95 5 ms; above it requests queue (p95 80 ms) and it serves 1.1x."""
+
+    def measure(offered: float) -> RateLevel:
+        if calls is not None:
+            calls.append(offered)
+        return rate_level(offered, min(offered, 1.1 * capacity), 5.0 if offered <= capacity else 80.0)
+
+    return measure
+
+
+# -- the capacity search -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [3.0, 47.0, 260.0, 1900.0])
+@pytest.mark.parametrize("seed_share", [0.3, 1.0, 4.0])
+def test_the_capacity_is_the_highest_rung_held_with_a_failed_rung_right_above(capacity, seed_share):
+    calls: list[float] = []
+    cap = find_capacity(server_holding(capacity, calls), 20.0, 95, "poisson", capacity * seed_share, max_runs=8)
+    assert cap.rate_per_s is not None and cap.rate_per_s <= capacity < cap.rate_per_s * 2 ** 0.25 * 1.01
+    assert cap.bounded and cap.runs == len(calls) <= 8
+    assert all(lv.held == (lv.offered <= capacity) for lv in cap.curve)  # every run judged against the budget and the rate
+
+
+def test_a_rate_the_server_falls_behind_on_is_not_held_even_within_the_budget():
+    level = rate_level(200.0, 180.0, 4.0).judge(20.0, 95)
+    assert not level.held and "180.0/s of 200/s" in level.why
+    assert rate_level(200.0, 197.0, 4.0).judge(20.0, 95).held
+
+
+def test_rates_lie_on_one_grid_so_two_configs_compare_rung_for_rung():
+    assert [rung(k) for k in (0, 4, 8)] == [1.0, 2.0, 4.0]
+    assert all(rung(rung_of(r)) == pytest.approx(r, rel=0.1) for r in (3.3, 47.0, 260.0, 1234.0))
+    assert rung(rung_of(rung(29))) == rung(29)
+
+
+def test_replicas_are_the_rate_over_the_capacity_less_its_headroom():
+    cap = Capacity(256.0, 20.0, 95, "poisson", 3, target_rate=1000.0, headroom=0.2)
+    assert cap.replicas == math.ceil(1000 / (256 * 0.8)) == 5
+    assert Capacity(256.0, 20.0, 95, "poisson", 3, target_rate=204.8, headroom=0.2).replicas == 1
+    assert Capacity(None, 20.0, 95, "poisson", 3, target_rate=100.0).replicas is None
+    assert "open-loop, Poisson arrivals, p95 <= 20 ms" in cap.describe()
+
+
+# -- the schedules -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [0.7, 13.0, 250.0])
+def test_poisson_arrivals_offer_exactly_the_rate_each_second_with_poisson_bursts(rate):
+    gaps = arrival_gaps_us(rate, "poisson", seconds=60)
+    assert mean_rate(gaps) == pytest.approx(rate, rel=0.02)
+    stamps = np.cumsum(gaps) / 1e6
+    # any three 2 s windows offer the rate, far closer than independent Poisson counts would (a run measures what it names)
+    counts = np.array([np.count_nonzero((stamps >= t) & (stamps < t + 6.0)) for t in np.arange(0.0, 50.0, 0.37)])
+    assert np.abs(counts - 6 * rate).max() <= rate + 1 and counts.std() < 0.5 * math.sqrt(6 * rate)
+    if rate > 100:
+        cv = np.std(gaps) / np.mean(gaps)
+        assert 0.85 < cv < 1.15  # the gaps vary as exponential ones do (1 for Poisson, 0 evenly spaced)
+    assert set(arrival_gaps_us(rate, "constant")) == {round(1e6 / rate)}
+
+
+def test_a_trace_keeps_its_bursts_when_scaled_to_a_rate():
+    stamps = [0, 1, 2, 3, 100, 101, 102, 103, 200]  # bursts of four, 100 ms apart
+    gaps = trace_gaps_us(stamps, rate=80.0)
+    assert mean_rate(gaps) == pytest.approx(80.0, rel=1e-3)
+    assert gaps[0] == gaps[1] and gaps[3] > 50 * gaps[0]  # the shape of the schedule stays
+
+
+def test_a_request_rate_csv_is_read_by_its_own_header():
+    text = ("Request Rate,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,"
+            "Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency\n199,197.423,5,227,1036,16,3305,164,1,4289,6575,6838,8468\n")
+    level = parse_rate_csv(text, 200.0)
+    assert level.offered == 200.0 and level.throughput == pytest.approx(197.423) and level.p95_ms == pytest.approx(6.838)
+
+
+# -- the settings ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values, words", [
+    ({"rate": "0"}, "--rate '0' is not a positive number"),
+    ({"rate": "-5"}, "--rate '-5' is not a positive number"),
+    ({"rate": "fast"}, "--rate 'fast' is not a positive number"),
+    ({"rate": "max"}, "--rate max asks for the highest rate held within a latency target; add --latency-budget-ms"),
+    ({"rate": "100", "concurrency": "8"}, "both give the load"),
+    ({"rate": "100", "headroom": 1.0}, "--headroom 1 must be from 0 to below 1"),
+])
+def test_a_rate_that_cannot_be_measured_is_one_line_naming_the_fix(values, words):
+    with pytest.raises(SettingsError, match=words.replace("(", r"\(")):
+        ExportSettings(**values).check_serving()
+
+
+# -- the served search's open-loop stage against a made-up server ------------------------------------------------------
+
+
+def _closed(point: OperatingPoint, c: int) -> LoadLevel:
+    """Closed-loop, a config without batching (max 1, no delay) is fastest and quickest; batching ones trail it."""
+    batching = point.max_batch_size > 1 and point.queue_delay_us > 0
+    rate = 600.0 if point.max_batch_size == 1 else (560.0 if batching else 300.0)
+    rate = min(rate, 250.0 * c)
+    lat = 1000.0 * c / rate
+    return LoadLevel(c, rate, lat * 0.6, lat * 0.9, lat, lat * 1.2)
+
+
+def _open_capacity(point: OperatingPoint) -> float:
+    """Open-loop, the batching configs absorb the bursts: they hold more."""
+    if point.max_batch_size == 1:
+        return 300.0
+    return 400.0 if point.queue_delay_us > 0 else 150.0
+
+
+@dataclass(frozen=True)
+class _RateBench(_Bench):
+    rates: Any = None  # list of (point, offered) measured
+
+    def measure_rate(self, model, offered):
+        point = self.loader.points[model]
+        self.rates.append((point, offered))
+        return server_holding(_open_capacity(point))(offered)
+
+
+class _RateRig(_Rig):
+    def bench(self, where, input_data, rows, request, trace_ms=None):
+        return _RateBench(where.url, input_data, rows, request.workdir, loader=self.loader_, rates=self.rates, **self.bench_kw)
+
+
+def _search(monkeypatch, tmp_path, request: SearchRequest):
+    rates: list = []
+    monkeypatch.setattr(_RateRig, "rates", rates, raising=False)
+    monkeypatch.setattr("test_served_search._Rig", _RateRig)
+    run, search, loader, stopped = _run(monkeypatch, tmp_path, _closed, request)
+    return search, rates
+
+
+def test_with_a_rate_and_a_budget_the_config_that_holds_the_most_open_loop_is_published(monkeypatch, tmp_path: Path):
+    search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, latency_budget_ms=20.0, rate_max=True))
+    assert search.objective == "rate" and "open-loop" in search.load
+    assert search.chosen.max_batch_size > 1 and search.chosen.queue_delay_us > 0  # not the closed-loop best (max 1)
+    cap = search.capacity
+    assert cap["rate_per_s"] <= 400.0 < cap["rate_per_s"] * 1.2 and cap["latency_budget_ms"] == 20.0 and cap["arrivals"] == "poisson"
+    assert len(search.open_loop) >= 2 and any(OperatingPoint.from_json(f["point"]).max_batch_size == 1 for f in search.open_loop)
+    assert all(offered == rung(rung_of(offered)) for _, offered in rates)  # every finalist on the same grid
+
+
+def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):
+    search, _ = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, latency_budget_ms=20.0, rate=1000.0, headroom=0.2))
+    cap = search.capacity
+    assert cap["target_rate"] == 1000.0 and cap["replicas"] == math.ceil(1000.0 / (cap["rate_per_s"] * 0.8))
+
+
+def test_a_budget_alone_keeps_the_closed_loop_choice_and_states_its_capacity(monkeypatch, tmp_path: Path):
+    search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, latency_budget_ms=20.0))
+    assert search.objective == "latency" and search.chosen.max_batch_size == 1
+    assert search.capacity["rate_per_s"] <= 300.0 < search.capacity["rate_per_s"] * 1.2
+    assert {p for p, _ in rates} == {search.chosen}
+
+
+def test_with_no_rate_or_budget_nothing_is_measured_open_loop(monkeypatch, tmp_path: Path):
+    search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path))
+    assert rates == [] and search.capacity is None and search.open_loop == []
