@@ -184,3 +184,31 @@ def test_a_budget_alone_keeps_the_closed_loop_choice_and_states_its_capacity(mon
 def test_with_no_rate_or_budget_nothing_is_measured_open_loop(monkeypatch, tmp_path: Path):
     search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path))
     assert rates == [] and search.capacity is None and search.open_loop == []
+
+
+# -- a real export, open-loop, through the onnxruntime stand-in --------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.long  # over a minute (a search with open-loop runs of several seconds each); CI covers its parts: the stage
+# against a made-up server (above), perf_analyzer's open-loop runs (validate --rate in test_validate_open_loop.py)
+def test_an_export_with_a_rate_publishes_a_measured_capacity_and_the_replicas_it_needs(in_tmp: Path):
+    import json
+
+    from tests.conftest import run_cli
+
+    r = run_cli("export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--eager-gate", "disabled", "--rate", "2000",
+                "--latency-budget-ms", "40", "--serve-search-seconds", "80", cwd=in_tmp, serve_search=True)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((in_tmp / "aitune-reports" / "mlp" / "report.json").read_text())
+    cap = report["capacity"]
+    assert cap["rate_per_s"] and cap["arrivals"] == "poisson" and cap["latency_budget_ms"] == 40 and cap["runs"] >= 2
+    held = [lv for lv in cap["curve"] if lv["offered"] == cap["rate_per_s"]]
+    assert held and held[0]["held"] and held[0]["p95_ms"] <= 40 and held[0]["throughput"] >= 0.97 * cap["rate_per_s"]
+    assert cap["replicas"] == math.ceil(2000 / (cap["rate_per_s"] * 0.8))
+    assert report["published"]["served_search"]["objective"] == "rate"
+    assert "capacity of" in r.stdout and "open-loop" in r.stdout
+    md = (in_tmp / "aitune-reports" / "mlp" / "report.md").read_text()
+    assert "## Capacity (open-loop)" in md and "(closed-loop)" in md and (in_tmp / "aitune-reports" / "mlp" / "capacity.png").is_file()
+    manifest = (in_tmp / "aitune-reports" / "mlp" / "kserve" / "inferenceservice.yaml").read_text()
+    assert f"minReplicas: {cap['replicas']}" in manifest and 'scaleMetric: "rps"' in manifest

@@ -225,9 +225,8 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
 def trace_input(result: TuneResult, workdir: Path, public_names: bool) -> tuple[Path, tuple[float, ...]] | None:
     """A traffic with timestamps: perf_analyzer's input data in the trace's order (in the names the server is sent) and
     the timestamps, so open-loop runs replay its schedule; None for a traffic without them."""
-    from optimizer.triton.runtime import perf_analyzer_input
+    from optimizer.triton.runtime.perf_analyzer_input import trace_of, write_input_data
 
-    trace_of, write_input_data = getattr(perf_analyzer_input, "trace_of", lambda r: None), perf_analyzer_input.write_input_data  # TEMP
     trace = trace_of(result)
     if trace is None:
         return None
