@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import SettingsError, ValidationError
+from optimizer.task.isolation import parent_death_signal
 from optimizer.triton.runtime.install import ToolMissing
 from optimizer.triton.runtime.perf_analyzer_console import last_level, parse_server_counts, perf_analyzer_error, unsettled
 
@@ -200,7 +201,8 @@ def warm_up(binary: Path, model: str, url: str, input_data: Path, settings: Perf
                "--concurrency-range", f"{settings.concurrency.start}:{settings.concurrency.start}", "--input-data", str(input_data),
                "--measurement-mode", "count_windows", "--measurement-request-count", str(settings.warmup_requests), "-s", "100", "-r", "1"]
     try:  # its exit status says nothing about the measurement that follows (one window is never "stable")
-        subprocess.run(command, env=perf_analyzer_environment(), capture_output=True, stdin=subprocess.DEVNULL, timeout=settings.timeout_s, check=False)
+        subprocess.run(command, env=perf_analyzer_environment(), capture_output=True, stdin=subprocess.DEVNULL, timeout=settings.timeout_s, check=False,
+                       preexec_fn=parent_death_signal(signal.SIGKILL))
     except subprocess.TimeoutExpired:
         raise ValidationError(f"perf_analyzer's warm-up of {settings.warmup_requests} requests did not finish within {settings.timeout_s:.0f} s.") from None
 
@@ -280,8 +282,9 @@ def _run_once(binary: Path, model: str, url: str, input_data: Path, csv_path: Pa
     csv_path.unlink(missing_ok=True)
     command = perf_analyzer_command(binary, model, url, input_data, csv_path, settings)
     log.info("running %s", " ".join(command))
+    # its own session (a Ctrl-C in a terminal is ours to handle), but it dies with the thread that waits for it
     proc = subprocess.Popen(command, env=perf_analyzer_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True, preexec_fn=parent_death_signal(signal.SIGKILL))
     limit = run_limit_s(settings)
     try:
         output, _ = proc.communicate(timeout=limit)

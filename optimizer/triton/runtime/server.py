@@ -5,6 +5,8 @@ The server runs on free loopback ports in explicit model-control mode (a model t
 gives Triton's own error text) and is always stopped on exit: clients closed, SIGTERM, a wait, then
 SIGKILL of its process group; its python-backend shared-memory regions carry a per-server prefix and
 are removed if the server could not remove them. Two servers at once never share a port or a region.
+A server that dies hard (or dies with the process that started it) leaves nothing either: reclaim.py's watcher
+clears its stubs and regions, and the next start reclaims what an earlier run's record names.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from optimizer.errors import ValidationError
 from optimizer.task.isolation import parent_death_signal
 from optimizer.triton.runtime.install import ServerHome, find_triton, prepare_home, server_environment
+from optimizer.triton.runtime.reclaim import RUNNING_DIR, ServerRecord, reclaim, start_time, start_watcher, write_record
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,7 @@ class LocalTritonServer:
         self._proc: subprocess.Popen | None = None
         self._clients: list[Any] = []
         self._loader: Any = None
+        self._record: Path | None = None
         self.home: ServerHome | None = None
 
     # -- addresses and clients --------------------------------------------------------------------
@@ -141,6 +145,7 @@ class LocalTritonServer:
             raise ValidationError(f"model repository {str(self.repository)!r} is not a directory.")
         install = find_triton()
         self.home = self._home or prepare_home(install)
+        reclaim(self.running_dir)  # before choosing ports: an earlier run's orphans may still hold them
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
@@ -186,18 +191,40 @@ class LocalTritonServer:
             self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                           start_new_session=True, preexec_fn=stop_with_us)
         log.info("tritonserver pid %d on http %s grpc %s, repository %s", self._proc.pid, self.http_url, self.grpc_url, self.repository)
+        self._watch()
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 text = self.log_text()
                 failure = ServerFailure(self._proc.returncode, error_lines(text), "already in use" in text)
                 self._reap()
+                self._forget()
                 return failure
             if _http_ok(f"http://{self.http_url}/v2/health/live"):
                 return None
             time.sleep(0.1)
         self.stop()
         raise ValidationError(f"tritonserver did not answer on {self.http_url} within {self.startup_timeout_s:.0f} s; log: {self.log_path}")
+
+    @property
+    def running_dir(self) -> Path:
+        """Where this server's record lies (beside the server homes, shared by every run that uses them)."""
+        assert self.home is not None
+        return self.home.root.parent / RUNNING_DIR
+
+    def _watch(self) -> None:
+        """Record the new server and start its watcher, so that even a hard death of it, or of us with it, leaves nothing."""
+        assert self._proc is not None and self.home is not None and self.log_path is not None
+        server_start, owner_start = start_time(self._proc.pid), start_time(os.getpid())
+        if server_start is None or owner_start is None:  # it already ended (its start failed); the start loop reports why
+            return
+        record = ServerRecord(self._proc.pid, server_start, os.getpid(), owner_start, str(self.home.root.resolve()), self.shm_prefix,
+                              str(self.log_path), time.time())
+        try:
+            self._record = write_record(self.running_dir, record)
+            start_watcher(self._record)
+        except (OSError, subprocess.SubprocessError) as err:  # the server still works; only a hard death would leave leftovers
+            log.warning("could not record tritonserver pid %d for cleanup after a hard exit (%s)", self._proc.pid, err)
 
     def load(self, name: str) -> None:
         """Load one model and wait until it is ready; a failure raises ValidationError with Triton's own text."""
@@ -270,6 +297,7 @@ class LocalTritonServer:
             code = self._terminate()
             self._proc = None
         self._remove_regions()
+        self._forget()
         if self._own_log and self.log_path is not None and code == 0:
             self.log_path.unlink(missing_ok=True)
         return code
@@ -300,6 +328,11 @@ class LocalTritonServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             return proc.wait()
+
+    def _forget(self) -> None:
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
+            self._record = None
 
     def _remove_regions(self) -> None:
         for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
