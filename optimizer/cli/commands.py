@@ -308,16 +308,36 @@ def report_command(report_json: str, output_dir: str | None) -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="The cache root, as for export: the local tritonserver's home is prepared under it "
                    "(default: $AITUNE_EXPORT_CACHE_DIR, else $XDG_CACHE_HOME/aitune-export or ~/.cache/aitune-export).")
+@click.option("--rate", type=float, metavar="R",
+              help="Also measure open-loop at R requests per second (sent on a schedule whatever the answers' pace), held within "
+                   "--latency-budget-ms [default: 0.8x and 1.0x the export's claimed capacity when its report has one].")
+@click.option("--latency-budget-ms", type=float, metavar="MS",
+              help="The budget an open-loop rate is held within, at the claim's percentile (p95 without a claim) "
+                   "[default: the claim's; none: held means served >= 97% of the offered rate].")
+@click.option("--arrivals", type=click.Choice(["poisson", "constant"]),
+              help="How open-loop requests arrive [default: a trace's own schedule when the traffic has timestamps, else the claim's, else poisson].")
+@click.option("--traffic", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Send this perf_analyzer --input-data file's requests instead of the export's; with timestamps, it is also "
+                   "replayed open-loop on its own schedule, at its own mean rate or scaled to --rate.")
+@click.option("--rate-window", "rate_window_ms", type=click.IntRange(500, 600_000), default=4000, show_default=True, metavar="MS",
+              help="Each open-loop rate is measured over three windows this long (open-loop latency settles over seconds).")
 @click.option("--json", "as_json", is_flag=True, help="Print the validation record (validation.json) on stdout.")
 @click.pass_context
 def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, local: bool, protocol: str | None, concurrency: str,
-             measurement_interval_ms: int, report_dir: str | None, cache_dir: str | None, as_json: bool) -> None:
+             measurement_interval_ms: int, report_dir: str | None, cache_dir: str | None, rate: float | None, latency_budget_ms: float | None,
+             arrivals: str | None, traffic: str | None, rate_window_ms: int, as_json: bool) -> None:
     """Load REPO's model into a real Triton, check its answers over HTTP and gRPC and measure it with perf_analyzer.
 
     REPO is a model repository folder, or one in object storage: s3://BUCKET/PREFIX (endpoint and credentials as for
     the aws CLI) or s3://HOST:PORT/BUCKET/PREFIX; the local server then reads it from there.
-    Exit status 0 when the model loads, answers like the eager reference and perf_analyzer measured it;
-    1 when a check fails (or the model cannot be validated here); 2 for bad usage.
+    The closed-loop sweep (N clients, each waiting for its answer) always runs. Open-loop, when the export's report
+    claims a capacity (export --rate or --latency-budget-ms), the config is driven at 0.8x and 1.0x that rate with the
+    claim's arrivals, percentile and budget; --rate R measures R instead.
+
+    Exit status 0 when the model loads, answers like the eager reference, perf_analyzer measured it and every open-loop
+    rate that must hold held; 1 when a check fails (or the model cannot be validated here), when 0.8x the claimed
+    capacity is not held, or when --rate R (or a --traffic trace at its own rate) is not held. The claimed capacity
+    itself not held is a warning only (exit 0): one run at capacity lands on either side of it. 2 for bad usage.
     """
     from optimizer.errors import SettingsError
     from optimizer.report.progress import choose_progress
@@ -330,7 +350,8 @@ def validate(ctx: click.Context, repo: str, model: str | None, url: str | None, 
         record = _run_guarded(lambda: run_validate(repository_argument(repo, "REPO"), model, url=url, protocol=protocol, concurrency=concurrency,
                                                    measurement_interval_ms=measurement_interval_ms,
                                                    report_dir=Path(report_dir) if report_dir else None, on_event=progress,
-                                                   cache_dir=cache_dir))
+                                                   cache_dir=cache_dir, rate=rate, latency_budget_ms=latency_budget_ms, arrivals=arrivals,
+                                                   traffic=traffic, rate_window_ms=rate_window_ms))
     if as_json:
         click.echo(json.dumps(record.to_json(), indent=2, default=str))
     else:

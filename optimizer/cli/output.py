@@ -116,31 +116,50 @@ def print_validation(record: Any) -> None:
         o = record.oversize
         click.echo(f"  batch {o['batch']} (max_batch_size + 1): " + (f"refused: {o['message']}" if o["refused"] else f"ACCEPTED: {o['note']}"))
     if record.perf and record.perf.get("rows"):
-        click.echo(f"  perf_analyzer ({record.perf['settings']['protocol']}, batch {record.perf['settings']['batch_size']} per request){label}"
-                   + (f", sending {record.traffic}" if record.traffic else "") + ":")
-        click.echo("    concurrency  infer/s   p50 ms   p95 ms   p99 ms  server batch")
+        click.echo(f"  perf_analyzer closed-loop: N clients, each waiting for its answer ({record.perf['settings']['protocol']}, batch "
+                   f"{record.perf['settings']['batch_size']} per request){label}" + (f", sending {record.traffic}" if record.traffic else "") + ":")
+        click.echo("    clients (N)  infer/s   p50 ms   p95 ms   p99 ms  server batch")
         for r in record.perf["rows"]:
             batch = f"{r['server_batch']:.2f}" if r.get("server_batch") else "-"
             rough = "  rough: never settled" if r["concurrency"] in record.perf.get("unstable", []) else ""
             click.echo(f"    {r['concurrency']:>11}  {r['throughput']:>7.1f}  {r['p50_ms']:>7.1f}  {r['p95_ms']:>7.1f}  {r['p99_ms']:>7.1f}  {batch:>12}{rough}")
         if record.predictions:
             each = ", ".join(f"{p['served']:.1f}/{p['predicted']:.1f} at {p['concurrency']}" for p in record.predictions)
-            click.echo(f"  served / predicted at loads the served search did not measure = {record.throughput_ratio:.2f}x ({each}; "
+            click.echo(f"  closed-loop: served / predicted at loads the served search did not measure = {record.throughput_ratio:.2f}x ({each}; "
                        f"{record.predicted_by}: {record.predicted_how})")
         elif record.throughput_ratio is not None and not record.predicted_concurrency:  # the served search did not run
             best = max(r["throughput"] for r in record.perf["rows"])
-            click.echo(f"  served best {best:.1f} infer/s; no served prediction (the served search did not run): in-process "
+            click.echo(f"  served best {best:.1f} infer/s closed-loop; no served prediction (the served search did not run): in-process "
                        f"{record.predicted_throughput:.1f} samples/s ({record.predicted_by}: {record.predicted_how}) is the model "
                        f"without the server's per-request cost, {record.throughput_ratio:.2f}x of it served")
         elif record.throughput_ratio is not None:
-            click.echo(f"  served at concurrency {record.predicted_concurrency} = {record.throughput_ratio:.2f}x the predicted "
+            click.echo(f"  served closed-loop at {record.predicted_concurrency} clients = {record.throughput_ratio:.2f}x the predicted "
                        f"{record.predicted_throughput:.1f} infer/s ({record.predicted_by}: {record.predicted_how})")
         if record.repeatability:
-            each = ", ".join(f"{r['ratio']:.2f} at {r['concurrency']} ({r['served']:.1f} vs {r['searched']:.1f}/s)" for r in record.repeatability)
+            each = ", ".join(f"{r['ratio']:.2f} at {r['concurrency']} clients ({r['served']:.1f} vs {r['searched']:.1f}/s)" for r in record.repeatability)
             click.echo(f"  repeatability (same config, same load as the served search): {each}")
+    if record.open_loop:
+        print_open_loop(record.open_loop, label)
     for note in record.notes:
         click.echo(f"  note: {note}")
     click.echo(f"  record {Path(record.output_dir) / 'validation.json'}")
+
+
+def print_open_loop(section: dict[str, Any], label: str = "") -> None:
+    """validate's open-loop check: per offered rate, what was served and whether it was held, then the verdict."""
+    budget = (f"p{section['percentile']} <= {section['latency_budget_ms']:g} ms" if section["latency_budget_ms"] is not None
+              else "no latency budget: held = served >= 97% of offered")
+    click.echo(f"  perf_analyzer open-loop: requests/s offered on a schedule, {section['arrivals_label']} ({section['protocol']}, {budget},"
+               f" {section['windows']} windows of {section['window_ms'] / 1000:g} s){label}; {section['source']}"
+               + (f"; sending {section['sending']}" if section["sending"] else "") + ":")
+    click.echo("    offered/s  served/s   p50 ms   p95 ms   p99 ms  held")
+    for lv in section["levels"]:
+        held = f"held ({lv['role']})" if lv["held"] else f"NOT HELD ({lv['role']}): {lv['why']}"
+        click.echo(f"    {lv['offered']:>9.4g}  {lv['throughput']:>8.1f}  {lv['p50_ms']:>7.1f}  {lv['p95_ms']:>7.1f}  {lv['p99_ms']:>7.1f}  {held}")
+    verdict = {"held": "held", "warning": "WARNING", "not held": "NOT HELD"}[section["verdict"]]
+    click.echo(f"  open-loop {verdict}: {section['summary']}")
+    for note in section.get("notes") or []:
+        click.echo(f"  note: {note}")
 
 
 def print_serving(serving: Serving) -> None:

@@ -46,6 +46,8 @@ class ExportReference:
     traffic_words: str = ""  # where it came from (report.json's traffic.origin)
     client_padding: dict[str, Any] | None = None  # clients pad to these bucket edges (the served search advised it)
     signature: dict[str, Any] = field(default_factory=dict)  # the exported signature (which axes are dynamic)
+    capacity: dict[str, Any] | None = None  # report.json's `capacity`: the rate the published config was found to hold
+    trace_ms: tuple[float, ...] | None = None  # the traffic's timestamps when it is a trace (in the order of `traffic`)
 
 
 def find_export_report(target: ModelTarget, hint: Path | None = None) -> Path | None:
@@ -118,7 +120,12 @@ def load_export_reference(report_path: Path) -> ExportReference:
         traffic_words=(result.traffic or {}).get("origin", ""),
         client_padding=search.client_padding if search is not None and search.padded else None,
         signature=result.signature,
+        capacity=doc.get("capacity") or None,
     )
+    if reference.traffic is not None:
+        from optimizer.model.traffic import load_timestamps
+
+        reference.trace_ms = load_timestamps(reference.traffic)
     if served is None and result.measured_on and len(result.measured_on["cores"]) < len(result.measured_on["available"]):
         reference.predicted_cores = f"{len(result.measured_on['cores'])} of {len(result.measured_on['available'])} cores"
     if search is not None and served is not None:

@@ -50,7 +50,8 @@ class ValidationRecord:
     export_report: str | None = None
     output_dir: str = ""
     notes: list[str] = field(default_factory=list)
-    traffic: str = ""  # what perf_analyzer sent: the export's traffic (padded as its clients are told), or the profiled sample
+    traffic: str = ""  # what perf_analyzer sent: the export's traffic (padded as its clients are told), --traffic, or the profiled sample
+    open_loop: dict[str, Any] | None = None  # the open-loop check (open_loop.open_loop_record); None: no rate asked or claimed
     seconds: float = 0.0
 
     @property

@@ -26,6 +26,8 @@ from optimizer.triton.measure.client import (config_summary, execution_counts, l
                                                 response_cache_enabled, served_config, server_version)
 from optimizer.triton.measure.validation.expectation import ExportReference, find_export_report, load_export_reference
 from optimizer.triton.measure.validation.record import STAND_IN_LABEL, ValidationRecord
+from optimizer.triton.measure.validation.open_loop import (OPEN_LOOP_WINDOW_MS, OPEN_LOOP_WINDOWS, OpenLoopAsk, Step, arrivals_label, open_loop_record,
+                                                         plan_open_loop, run_open_loop, schedule, signature_of_config, write_trace_input)
 from optimizer.triton.measure.target import ModelTarget, composing_targets, local_servability, output_folder, resolve_target
 
 PERF_INPUT_FILENAME = "perf_analyzer_input.json"
@@ -45,6 +47,11 @@ def validate(
     perf_settings: PerfSettings | None = None,
     on_event: EventSink = ignore,
     cache_dir: str | Path | None = None,
+    rate: float | None = None,
+    latency_budget_ms: float | None = None,
+    arrivals: str | None = None,
+    traffic: Path | str | None = None,
+    rate_window_ms: int = OPEN_LOOP_WINDOW_MS,
 ) -> ValidationRecord:
     """Validate one model of `repository`; returns the record (also written as validation.json).
 
@@ -61,6 +68,13 @@ def validate(
         report_dir: where validation.json goes, and where the export's report.json is looked for first.
         on_event: progress ("validate" phase events: start, progress per check, done or failed).
         cache_dir: the run's cache root (--cache-dir); the local server's home is prepared under it (None: machine.cache_root()).
+        rate: measure open-loop at this many requests per second (held: p<percentile> within `latency_budget_ms`, else
+            throughput alone); None: 0.8x and 1.0x the export's claimed capacity when report.json has one (open_loop.py).
+        latency_budget_ms: the budget a rate is held within (None: the claim's, else throughput only).
+        arrivals: "poisson" or "constant" (None: the trace's own schedule when the traffic has timestamps, else the claim's).
+        traffic: a perf_analyzer --input-data file whose requests are sent instead of the export's (its timestamps, if
+            any, are the open-loop schedule: at its own mean rate, or scaled to `rate`).
+        rate_window_ms: each open-loop rate is measured over three windows this long.
 
     Raises:
         RepositoryError / SettingsError (exit 2) for a bad REPO, --model or option; ValidationError when
@@ -71,9 +85,12 @@ def validate(
         raise SettingsError(f"--protocol {protocol!r} is not http or grpc.")
     if concurrency not in (None, "auto"):
         ConcurrencyRange.parse(concurrency)  # a bad range fails before any work
+    ask = OpenLoopAsk(rate, arrivals, latency_budget_ms, rate_window_ms)
+    ask.check()
     target = resolve_target(repository, model)
     report_path = find_export_report(target, Path(report_dir) if report_dir else None)
     reference = load_export_reference(report_path) if report_path else None
+    user_traffic = _user_traffic(Path(traffic), reference, target) if traffic else None  # a bad file: exit 2, nothing written
     sweep = default_sweep(reference) if concurrency in (None, "auto") else ConcurrencyRange.parse(concurrency)
     protocol = protocol or default_protocol(reference, url)
     settings = perf_settings or PerfSettings(concurrency=sweep, protocol=protocol)
@@ -118,12 +135,13 @@ def validate(
                         record.server = f"local tritonserver {server_version(server)} at {server.http_url} (http) / {server.grpc_url} (grpc)"
                         clients = {"http": server.client("http"), "grpc": server.client("grpc")}
                         urls = {"http": server.http_url, "grpc": server.grpc_url}
-                        _run_checks(record, target, reference, clients, urls, settings, folder, work, lambda: server.load(target.name), on_event)
+                        _run_checks(record, target, reference, clients, urls, settings, folder, work, lambda: server.load(target.name), on_event,
+                                    (ask, user_traffic))
             else:
                 client = open_client(protocol, url)
                 try:
                     _run_checks(record, target, reference, {protocol: client}, {protocol: url}, settings, folder, work,
-                                lambda: load_remote(client, target.name), on_event)
+                                lambda: load_remote(client, target.name), on_event, (ask, user_traffic))
                 finally:
                     client.close()
         finally:
@@ -143,8 +161,10 @@ def default_protocol(reference: ExportReference | None, url: str | None) -> str:
 
 
 def _run_checks(record: ValidationRecord, target: ModelTarget, reference: ExportReference | None, clients: dict[str, Any],
-                urls: dict[str, str], settings: PerfSettings, folder: Path, work: Path, load: Any, on_event: EventSink) -> None:
-    """Load, answer, oversize, perf: each failure is recorded with its own words and ends the checks."""
+                urls: dict[str, str], settings: PerfSettings, folder: Path, work: Path, load: Any, on_event: EventSink,
+                open_loop: tuple[OpenLoopAsk, Any] = (OpenLoopAsk(), None)) -> None:
+    """Load, answer, oversize, perf (closed-loop), then open-loop when a rate is asked or claimed: each failure is
+    recorded with its own words and ends the checks."""
     from tritonclient.utils import InferenceServerException
 
     t0 = time.monotonic()
@@ -204,8 +224,14 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     if record.oversize is not None and not record.oversize["refused"]:
         record.status, record.reason = "failed", record.oversize["note"]
         return
-    mix = _request_mix(reference, served)
-    record.traffic = _traffic_words(reference) if mix else "the export's samples"
+    ask, user_traffic = open_loop
+    if user_traffic is not None:
+        rename = served_names(reference, served) if reference is not None else {}
+        mix = [{rename.get(k, k): a for k, a in feed.items()} for feed in user_traffic.sent()]
+        record.traffic = f"{user_traffic.origin} ({len(mix)} of {len(user_traffic.requests)} requests)"
+    else:
+        mix = _request_mix(reference, served)
+        record.traffic = _traffic_words(reference) if mix else "the export's samples"
     input_data = write_input_data(folder / PERF_INPUT_FILENAME, mix or feeds, max_batch(served) > 0)
     on_event(Event("validate", "progress", target.name, f"answers match; perf_analyzer at concurrency {settings.concurrency}"))
     stats_client = clients.get(settings.protocol) or any_client
@@ -245,7 +271,76 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     record.status = "passed"
     label = f" ({STAND_IN_LABEL})" if record.stand_in else ""
     record.reason = (f"loaded, answers match over {', '.join(a.protocol for a in record.answers)}, "
-                     f"best {best.throughput:.1f} infer/s at concurrency {best.concurrency}{label}" if best else "loaded and answered")
+                     f"best {best.throughput:.1f} infer/s closed-loop at {best.concurrency} client{'s' if best.concurrency != 1 else ''}{label}"
+                     if best else "loaded and answered")
+    _open_loop(record, target, reference, served, ask, user_traffic, input_data, urls[settings.protocol], settings.protocol, folder, work, on_event)
+
+
+def _open_loop(record: ValidationRecord, target: ModelTarget, reference: ExportReference | None, served: dict[str, Any], ask: OpenLoopAsk,
+               user_traffic: Any, input_data: Path, url: str, protocol: str, folder: Path, work: Path, on_event: EventSink) -> None:
+    """The open-loop check (open_loop.py) when a rate is asked or the export claims a capacity: a required rate not held
+    fails the validation, the claimed capacity itself not held is a note."""
+    from optimizer.triton.runtime.perf_analyzer_rate import RateSettings, measure_rate, write_intervals
+
+    if user_traffic is not None:
+        trace, user_trace = user_traffic.timestamps_ms, True
+    else:
+        trace, user_trace = (reference.trace_ms if reference is not None else None), False
+    plan = plan_open_loop(ask, reference.capacity if reference is not None else None, trace, user_trace)
+    if plan is None:
+        return
+    sending, data = record.traffic, input_data
+    if plan.arrivals == "trace":  # every request of the trace, in its order: the schedule is theirs
+        rename = served_names(reference, served) if reference is not None else {}
+        if user_traffic is not None:
+            feeds = list(user_traffic.requests)
+        else:
+            from optimizer.model.signature import Signature
+            from optimizer.model.traffic import Traffic
+
+            feeds = load_feeds(reference.traffic)
+            if reference.client_padding:
+                feeds = list(Traffic(tuple(feeds), "file", "").padded(Signature.from_json(reference.signature),
+                                                                       list(reference.client_padding["edges"])).requests)
+        feeds = [{rename.get(k, k): a for k, a in f.items()} for f in feeds]
+        data = write_trace_input(work / "open_loop" / "trace_input.json", feeds, max_batch(served) > 0)
+        sending = f"{record.traffic.split(' (')[0]}: all {len(feeds)} requests in the trace's order"
+    rate_settings = RateSettings(protocol=protocol, window_ms=ask.window_ms, windows=OPEN_LOOP_WINDOWS)
+
+    def measure(step: Step, k: int) -> Any:
+        on_event(Event("validate", "progress", target.name, f"open-loop at {step.rate:g} requests/s ({step.role}, "
+                                                             f"{arrivals_label(plan.arrivals)})"))
+        intervals = write_intervals(work / "open_loop" / f"intervals_{k}.txt", schedule(plan, step, trace, seed=k))
+        return measure_rate(target.name, url, data, intervals, work / "perf_analyzer", rate_settings)
+
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        levels = run_open_loop(plan, measure)
+    except ValidationError as err:
+        record.status, record.reason = "failed", f"open-loop: {err}"
+        return
+    except InferenceServerException as err:
+        record.status, record.reason = "failed", f"Triton stopped answering during the open-loop check: {triton_message(err)}"
+        return
+    record.open_loop = open_loop_record(plan, levels, protocol, ask.window_ms, sending)
+    state, summary = record.open_loop["verdict"], record.open_loop["summary"]
+    if state == "not held":
+        record.status, record.reason = "failed", f"open-loop: {summary}"
+    elif state == "warning":  # the open_loop section says which rate and why
+        record.reason += "; open-loop: the claimed capacity itself not held (a warning: 0.8x of it held)"
+    else:
+        record.reason += f"; open-loop: {summary}"
+
+
+def _user_traffic(path: Path, reference: ExportReference | None, target: ModelTarget) -> Any:
+    """validate --traffic FILE: its requests checked against the export's signature (the forward names), else the served
+    config's inputs; TrafficError (exit 2) for a bad file."""
+    from optimizer.model.signature import Signature
+    from optimizer.model.traffic import load_traffic
+
+    signature = Signature.from_json(reference.signature) if reference is not None and reference.signature else signature_of_config(target.config)
+    return load_traffic(path, signature)
 
 
 def _padding_words(reference: ExportReference) -> str:
