@@ -153,7 +153,7 @@ def _capacity(lab: Lab, v: Variant, budget: float, seed: float) -> Capacity | No
     bench = lab.padded_bench if v.padded else lab.bench
     try:
         warm_up(bench, name, 4, 4 * WARMUP_PER_SLOT)
-        cap = find_capacity(lambda rate: bench.measure_rate(name, rate), budget, 95, "poisson", seed)
+        cap = find_capacity(lambda rate: bench.measure_rate(name, rate), budget, 95, "poisson", seed, run_cost_s=7.5)
     finally:
         lab.loader.unload(list(names))
     print(f"  {v.label:<44} {cap.describe()}", flush=True)

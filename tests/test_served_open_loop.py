@@ -43,10 +43,12 @@ def server_holding(capacity: float, calls: list[float] | None = None):
 @pytest.mark.parametrize("seed_share", [0.3, 1.0, 4.0])
 def test_the_capacity_is_the_highest_rung_held_with_a_failed_rung_right_above(capacity, seed_share):
     calls: list[float] = []
-    cap = find_capacity(server_holding(capacity, calls), 20.0, 95, "poisson", capacity * seed_share, max_runs=8)
+    waits: list[float] = []
+    cap = find_capacity(server_holding(capacity, calls), 20.0, 95, "poisson", capacity * seed_share, max_runs=8, run_cost_s=7.5, drain=waits.append)
     assert cap.rate_per_s is not None and cap.rate_per_s <= capacity < cap.rate_per_s * 2 ** 0.25 * 1.01
     assert cap.bounded and cap.runs == len(calls) <= 8
     assert all(lv.held == (lv.offered <= capacity) for lv in cap.curve)  # every run judged against the budget and the rate
+    assert len(waits) == sum(not lv.held for lv in cap.curve) and all(0 < w <= 10 for w in waits)  # the queue drains after each failure
 
 
 def test_a_rate_the_server_falls_behind_on_is_not_held_even_within_the_budget():
@@ -143,6 +145,9 @@ class _RateBench(_Bench):
         point = self.loader.points[model]
         self.rates.append((point, offered))
         return server_holding(_open_capacity(point))(offered)
+
+    def drain(self, seconds):
+        assert 0 < seconds <= 10  # a made-up server has no queue to wait for
 
 
 class _RateRig(_Rig):

@@ -10,6 +10,7 @@ sends the search straight to the rung below what it did serve. The served search
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable
 
 from optimizer.records.capacity import Capacity, RateLevel
@@ -26,6 +27,18 @@ FAST_CLIMB = 0.5
 """A rate held with its percentile latency under this share of the budget climbs two rungs at once."""
 LOWEST_RATE = 0.5
 """Requests per second below which the search gives up: a config that holds no rate above it has no capacity to state."""
+MAX_DRAIN_S = 10.0
+"""The longest wait after a rate that was not held: requests a run left queued in the server are still served after
+perf_analyzer exits, and the next run's first window would pay for them."""
+
+
+def drain_s(level: RateLevel, run_s: float) -> float:
+    """Seconds to wait after `level` for the server to work off what it queued: the backlog the shortfall left over the run,
+    or its p99 (a request's wait in the queue), whichever is longer; 0 after a rate that was held."""
+    if level.held:
+        return 0.0
+    backlog = max(0.0, level.offered - level.throughput) * run_s / max(level.throughput, 1.0)
+    return min(MAX_DRAIN_S, max(backlog, level.p99_ms / 1000.0))
 
 
 def rung(k: int) -> float:
@@ -43,15 +56,17 @@ def rung_of(rate: float, down: bool = False) -> int:
 
 def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str, seed: float,
                   max_runs: int = MAX_RATE_RUNS, out_of_time: Callable[[float], bool] = lambda seconds: False,
-                  run_cost_s: float = 0.0) -> Capacity:
+                  run_cost_s: float = 0.0, drain: Callable[[float], None] = time.sleep) -> Capacity:
     """Search the capacity from `seed` requests/s; `measure(rate)` runs one open-loop measurement. Stops after `max_runs`
     runs, or when `out_of_time(run_cost_s)` says the next run would not fit; `bounded` says whether a failed rung lies
-    right above the capacity."""
+    right above the capacity. After a rate that was not held, `drain(seconds)` lets the server work off its queue."""
     levels: dict[int, RateLevel] = {}
     k = rung_of(max(seed, LOWEST_RATE))
     while len(levels) < max_runs and k not in levels and rung(k) >= LOWEST_RATE and not (levels and out_of_time(run_cost_s)):
         level = measure(rung(k)).judge(latency_budget_ms, percentile)
         levels[k] = level
+        if wait := drain_s(level, run_cost_s):
+            drain(wait)
         held = [j for j, lv in levels.items() if lv.held]
         failed = [j for j, lv in levels.items() if not lv.held]
         top = max((j for j in held if not failed or j < min(failed)), default=None)

@@ -72,6 +72,10 @@ class Bench:
         return measure_rate(model, self.url, data, intervals, self.workdir / "perf_analyzer",
                             RateSettings(protocol=self.protocol, timeout_s=self.timeout_s + 60))
 
+    def drain(self, seconds: float) -> None:
+        """Wait for the server to work off what an open-loop run left queued (capacity.drain_s)."""
+        time.sleep(seconds)
+
     def warm(self, model: str, concurrency: int, requests: int) -> None:
         """Warm a loaded variant through tritonclient (warm_up)."""
         warm_up(self, model, concurrency, requests)

@@ -94,7 +94,7 @@ class OpenLoopStage:
             if name is None:
                 return None
             cap = find_capacity(self._measure(name), budget, self.pct, self.arrivals, seed, max_runs=runs,
-                                out_of_time=self._out_of_time, run_cost_s=run_cost_s())
+                                out_of_time=self._out_of_time, run_cost_s=run_cost_s(), drain=self.run.bench.drain)
         cap.point, cap.window_ms, cap.windows = v.point.label, RATE_WINDOW_MS, RATE_WINDOWS
         self.capacities.append((v, cap))
         self._say(f"{v.point.label}: {cap.describe()}")
