@@ -97,7 +97,7 @@ def test_the_sentences_name_the_load_the_backend_the_choice_and_the_prediction()
     assert "the profiled sample (image 3x64x64)" in text
     assert "4 variants in 16 s" in text and "stopped: every variant of the coarse pass" in text
     assert f"Published **{BIG.label}**" in text and f"instead of the in-process rules' {START.label}" in text
-    assert "612.3 infer/s served (stand-in) at concurrency 8" in text and "580.2 samples/s in-process at the server-formed batch 5.50" in text
+    assert "612.3 infer/s served (stand-in) closed-loop at concurrency 8" in text and "580.2 samples/s in-process at the server-formed batch 5.50" in text
     assert "0.090 ms per request (stand-in)" in text
     budgeted = served_search_section(_search(latency_budget_ms=20.0))
     assert "within a p95 latency budget of 20 ms" in budgeted
@@ -151,7 +151,7 @@ def test_plot_draws_one_curve_per_variant_and_marks_the_published_point(tmp_path
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert f"published: {short_label(BIG.to_json())}" in legend and f"rules: {short_label(START.to_json())}" in legend
     assert short_label(BIG.to_json()) == "max 8 pref[8] 2x1t d0"
-    assert ax.get_title() == "served search: max-throughput (stand-in backend)" and ax.get_xscale() == "log"
+    assert ax.get_title() == "served search, closed-loop: max-throughput (stand-in backend)" and ax.get_xscale() == "log"
     assert served_search_figure(_search(stand_in=False)).axes[0].get_title() == "served search: max-throughput"
     path = write_served_search_plot(search, tmp_path)
     assert path == tmp_path / SERVED_SEARCH_FILE and path.read_bytes()[:8] == PNG

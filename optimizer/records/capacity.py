@@ -18,7 +18,7 @@ HELD_THROUGHPUT = 0.97
 
 def arrivals_label(arrivals: str) -> str:
     """How the requests arrived, in words a figure carries ("Poisson arrivals", "the trace's schedule")."""
-    return {"poisson": "Poisson arrivals", "constant": "evenly spaced arrivals"}.get(arrivals, arrivals)
+    return {"poisson": "Poisson arrivals", "constant": "evenly spaced arrivals", "trace": "the trace's schedule"}.get(arrivals, arrivals)
 
 
 @dataclass

@@ -37,6 +37,17 @@ RATE_WINDOWS = 3
 """A rate is measured over three 2 s windows with no stability check (perf_analyzer merges them): under bursty arrivals
 the windows of a loaded server never agree within a tight tolerance on two cores, and three windows hold hundreds of
 requests at the rates a served model holds, enough for a p95."""
+MIN_WINDOW_REQUESTS = 120
+MAX_RATE_WINDOW_MS = 8000
+"""A low rate gets longer windows, so each holds about this many requests: the requests still in flight at a window's
+edges make a short window of few requests read a few percent below the rate it was offered."""
+
+
+def rate_window_ms(rate: float, shortest: int = RATE_WINDOW_MS) -> int:
+    """Windows for `rate` requests per second: at least `shortest`, long enough for MIN_WINDOW_REQUESTS, at most MAX_RATE_WINDOW_MS."""
+    return int(min(MAX_RATE_WINDOW_MS, max(shortest, 1000.0 * MIN_WINDOW_REQUESTS / max(rate, 1e-3))))
+
+
 STALL_GRACE_S = 30.0
 """What a run may take beyond its windows: start-up, and the answers to requests a saturated server still holds."""
 _COUNT = re.compile(r"Inference count:\s*(\d+)\s*\n\s*Execution count:\s*(\d+)")

@@ -48,8 +48,12 @@ def search_key(result: TuneResult, start_config: str, request: Any, server_build
     if decision is not None:
         h.update(json.dumps([decision.peak, decision.largest_fit, decision.measured_max, decision.decided_by]).encode())
     _hash_file(h, Path(result.reference.profile_feed))
-    if result.reference.traffic:  # the requests every variant is measured with
+    if result.reference.traffic:  # the requests every variant is measured with, and a trace's schedule
         _hash_file(h, Path(result.reference.traffic))
+        from optimizer.model.traffic import timestamps_path
+
+        if (stamps := timestamps_path(result.reference.traffic)).is_file():
+            _hash_file(h, stamps)
     for other in others:  # another kind's candidate that enters the search: its files and its space too
         cand = next(c for c in result.candidates if c.name == other)
         h.update(other.encode() + b"\0")

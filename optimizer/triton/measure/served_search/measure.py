@@ -64,13 +64,14 @@ class Bench:
 
     def measure_rate(self, model: str, offered: float) -> RateLevel:
         """One open-loop run at `offered` requests per second: the trace's gaps scaled to it, else --arrivals."""
-        from optimizer.triton.runtime.perf_analyzer_rate import RateSettings, arrival_gaps_us, measure_rate, trace_gaps_us, write_intervals
+        from optimizer.triton.runtime.perf_analyzer_rate import (RateSettings, arrival_gaps_us, measure_rate, rate_window_ms, trace_gaps_us,
+                                                                 write_intervals)
 
         gaps = trace_gaps_us(self.trace_ms, offered) if self.trace_ms else arrival_gaps_us(offered, self.arrivals)
         intervals = write_intervals(self.workdir / "perf_analyzer" / f"intervals_{offered:g}.txt", gaps)
         data = self.rate_input if self.trace_ms and self.rate_input else self.input_data
         return measure_rate(model, self.url, data, intervals, self.workdir / "perf_analyzer",
-                            RateSettings(protocol=self.protocol, timeout_s=self.timeout_s + 60))
+                            RateSettings(protocol=self.protocol, window_ms=rate_window_ms(offered), timeout_s=self.timeout_s + 60))
 
     def drain(self, seconds: float) -> None:
         """Wait for the server to work off what an open-loop run left queued (capacity.drain_s)."""

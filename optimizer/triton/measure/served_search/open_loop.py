@@ -17,7 +17,7 @@ from optimizer.events import Event
 from optimizer.records.capacity import HELD_THROUGHPUT, Capacity, RateLevel, arrivals_label
 from optimizer.records.served_search import ServedVariant
 from optimizer.triton.measure.capacity import MAX_RATE_RUNS, find_capacity, rung, rung_of, seed_rate
-from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS
+from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
 
 FINALISTS = 3
 """Variants measured open-loop at most: the closed-loop best, the best that batches differently, the runner-up."""
@@ -95,7 +95,7 @@ class OpenLoopStage:
                 return None
             cap = find_capacity(self._measure(name), budget, self.pct, self.arrivals, seed, max_runs=runs,
                                 out_of_time=self._out_of_time, run_cost_s=run_cost_s(), drain=self.run.bench.drain)
-        cap.point, cap.window_ms, cap.windows = v.point.label, RATE_WINDOW_MS, RATE_WINDOWS
+        cap.point, cap.window_ms, cap.windows = v.point.label, rate_window_ms(cap.rate_per_s or seed), RATE_WINDOWS
         self.capacities.append((v, cap))
         self._say(f"{v.point.label}: {cap.describe()}")
         return cap

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from optimizer.errors import SettingsError
 from optimizer.records.capacity import Capacity, RateLevel
-from optimizer.records.capacity import arrivals_label as _capacity_label
+from optimizer.records.capacity import arrivals_label
 
 OPEN_LOOP_WINDOW_MS = 4000
 """Each rate is measured over three windows this long: open-loop latency on a few cores settles only over seconds (the
@@ -29,9 +29,6 @@ DEFAULT_PERCENTILE = 95
 ARRIVALS = ("poisson", "constant")
 
 
-def arrivals_label(arrivals: str) -> str:
-    """How the requests arrived, in words ("Poisson arrivals", "the trace's schedule")."""
-    return "the trace's schedule" if arrivals == "trace" else _capacity_label(arrivals)
 
 
 @dataclass(frozen=True)
