@@ -152,7 +152,7 @@ def test_plot_draws_one_curve_per_variant_and_marks_the_published_point(tmp_path
     assert f"published: {short_label(BIG.to_json())}" in legend and f"rules: {short_label(START.to_json())}" in legend
     assert short_label(BIG.to_json()) == "max 8 pref[8] 2x1t d0"
     assert ax.get_title() == "served search, closed-loop: max-throughput (stand-in backend)" and ax.get_xscale() == "log"
-    assert served_search_figure(_search(stand_in=False)).axes[0].get_title() == "served search: max-throughput"
+    assert served_search_figure(_search(stand_in=False)).axes[0].get_title() == "served search, closed-loop: max-throughput"
     path = write_served_search_plot(search, tmp_path)
     assert path == tmp_path / SERVED_SEARCH_FILE and path.read_bytes()[:8] == PNG
 
