@@ -18,9 +18,9 @@ import pytest
 
 from optimizer.triton.runtime.install import ServerHome, find_triton, prepare_home
 from optimizer.triton.runtime.reclaim import RUNNING_DIR, running, start_time
-from optimizer.triton.runtime.server import SHM_DIR, LocalTritonServer
+from optimizer.triton.runtime.server import LocalTritonServer
 from tests.conftest import ROOT
-from tests.test_triton_server import doubled, processes_mentioning, write_double_model
+from tests.test_triton_server import doubled, processes_mentioning, regions_of, write_double_model
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def _kill_with_children(owner: subprocess.Popen) -> list[int]:
 
 
 def _regions(owner_pid: int) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob(f"triton_python_backend_shm_region_aitune{owner_pid}x*"))
+    return [p.name for p in regions_of(owner_pid)]
 
 
 def _gone_within(tmp_path: Path, owner_pid: int, bound_s: float) -> float:

@@ -30,11 +30,10 @@ from typing import Any
 from optimizer.errors import ValidationError
 from optimizer.task.isolation import parent_death_signal
 from optimizer.triton.runtime.install import ServerHome, find_triton, prepare_home, server_environment
-from optimizer.triton.runtime.reclaim import RUNNING_DIR, ServerRecord, reclaim, start_time, start_watcher, write_record
+from optimizer.triton.runtime.reclaim import RUNNING_DIR, SHM_DIR, ServerRecord, reclaim, start_time, start_watcher, write_record
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
 """Triton's python backend names its regions <prefix><n>; ours start with this plus a per-server token."""
 
