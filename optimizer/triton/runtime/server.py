@@ -283,7 +283,9 @@ class LocalTritonServer:
                                   f"({error_lines(self.log_text()) or 'see its log'}); log: {self.log_path}")
 
     def stop(self) -> int | None:
-        """Close clients, SIGTERM, wait, SIGKILL the process group as a fallback, remove our shm regions. Idempotent."""
+        """Unload the models, close clients, SIGTERM, wait, SIGKILL the process group as a fallback, remove our shm regions.
+        Idempotent."""
+        self._unload_all()
         for client in self._clients:
             try:
                 client.close()
@@ -300,6 +302,28 @@ class LocalTritonServer:
         if self._own_log and self.log_path is not None and code == 0:
             self.log_path.unlink(missing_ok=True)
         return code
+
+    def _unload_all(self, timeout_s: float = 5.0) -> None:
+        """Unload every model first (explicit mode): Triton's shutdown checks its live models once a second, so a server
+        with none left exits at once instead of after a few of those checks. Best effort within `timeout_s` on a
+        short-timeout client: SIGTERM follows regardless."""
+        if self.model_control_mode != "explicit" or not self.alive:
+            return
+        deadline = time.monotonic() + timeout_s
+        client = None
+        try:
+            client = open_client("http", self.http_url, timeout_s)
+            for model in client.get_model_repository_index():
+                if model.get("state") == "READY" and time.monotonic() < deadline:
+                    client.unload_model(model["name"])
+            while self.alive and time.monotonic() < deadline and any(
+                    m.get("state") in ("READY", "UNLOADING") for m in client.get_model_repository_index()):
+                time.sleep(0.02)
+        except Exception as err:  # a dying or hung server: SIGTERM and the fallbacks take over
+            log.debug("unloading before the stop: %s", err)
+        finally:
+            if client is not None:
+                client.close()
 
     def _terminate(self) -> int | None:
         proc = self._proc
