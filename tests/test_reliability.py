@@ -89,6 +89,42 @@ def test_killing_an_export_at_random_moments_never_damages_the_repository(in_tmp
     assert subprocess.run(args(6), cwd=in_tmp, env=env, capture_output=True).returncode == 0
 
 
+@pytest.mark.long
+def test_killing_an_export_with_its_children_during_the_served_search_leaves_no_process(in_tmp: Path):
+    """As a CI runner ends a cancelled job (SIGKILL to the export and its children, the served search's tritonserver and
+    perf_analyzer among them): the server's python stubs, which outlive it otherwise, are gone within seconds, the
+    repository holds the old model or a complete new one, and the next export runs."""
+    from tests.test_triton_server import processes_mentioning, regions_of
+    from tests.test_triton_server_hard_exit import _kill_with_children
+
+    def left(pid: int) -> list:  # the stubs and watchers name the run's folders and its server home (--cache-dir is in in_tmp)
+        return processes_working_in(in_tmp) + processes_mentioning(str(in_tmp)) + regions_of(pid)
+
+    def args(budget: float) -> list[str]:  # a new budget per run: its served search is not taken from the cache
+        return [*CLI, "export", "tests.fixtures.models:seeded_mlp", "--backend", "onnxruntime", "--max-batch-size", "4",
+                "--eager-gate", "disabled", "--cache-dir", str(in_tmp / "cache"), "--overwrite", "--serve-search-seconds", str(budget)]
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    assert subprocess.run(args(8), cwd=in_tmp, env=env, capture_output=True).returncode == 0
+    model_dir, rng = in_tmp / "model_repository" / "seeded_mlp", random.Random(55)
+    for i in range(2):
+        before = tree_snapshot(model_dir)
+        proc = subprocess.Popen(args(8.5 + i / 2), cwd=in_tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while not regions_of(proc.pid):  # the served search has loaded a variant: its stubs run
+            assert proc.poll() is None and time.monotonic() < deadline, f"kill {i}: the export never reached the served search"
+            time.sleep(0.1)
+        time.sleep(rng.uniform(0.0, 4.0))
+        _kill_with_children(proc)
+        deadline = time.monotonic() + 30  # the watcher acts within a second; room for a busy machine
+        while left(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left(proc.pid) == [], f"kill {i}: part of the run outlived it"
+        assert tree_snapshot(model_dir) == before or _valid_model(model_dir), f"kill {i}: the model is neither the old nor a complete new one"
+    assert subprocess.run(args(9.5), cwd=in_tmp, env=env, capture_output=True).returncode == 0
+    assert _valid_model(model_dir)
+
+
 def test_sigterm_stops_cleanly_and_reports_the_interruption(in_tmp: Path):
     args = [*CLI, "export", "tests.fixtures.models:mlp", "--backend", "onnxruntime", "--backend", "torchscript",
             "--max-batch-size", "64", "--no-cache"]
