@@ -146,3 +146,29 @@ def test_what_a_run_killed_with_its_watcher_left_is_reclaimed_by_the_next_start(
         np.testing.assert_array_equal(doubled(server), np.arange(6, dtype=np.float32).reshape(2, 3) * 2)
     assert processes_mentioning(str(tmp_path)) == [] and _regions(owner.pid) == []
     assert list((home.root.parent / RUNNING_DIR).glob("*.json")) == []
+
+
+def test_a_reclaim_kills_only_the_recorded_server_never_a_process_that_took_its_ids(tmp_path: Path):
+    """A record whose server pid (and process group) now names another process, or that comes from another pid namespace
+    (a cache folder shared by containers), kills nothing; the record that does name its process clears it."""
+    import dataclasses
+
+    from optimizer.triton.runtime.reclaim import ServerRecord, pid_scope, reclaim, write_record
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_owner = int(done.stdout)  # an owner that has ended
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)  # leads its own group
+    try:
+        home = os.path.dirname(os.path.realpath(sys.executable))  # its executable lies in this "home"
+        real = ServerRecord(other.pid, start_time(other.pid), dead_owner, 1, home, "aitune-test-none-", "", time.time(), *pid_scope())
+        for record in (dataclasses.replace(real, server_start=real.server_start - 1),  # the pid was reused by `other`
+                       dataclasses.replace(real, namespace="pid:[1]")):  # another container's pids
+            write_record(tmp_path, record)
+            reclaim(tmp_path)
+            assert other.poll() is None, f"{record} killed a process that is not its server"
+        assert len(list(tmp_path.glob("*.json"))) == 1  # the other namespace's record is left to that namespace
+        write_record(tmp_path, real)
+        assert len(reclaim(tmp_path)) == 1 and other.wait(timeout=BOUND_S) == -signal.SIGKILL
+    finally:
+        other.kill()
+        other.wait()

@@ -9,8 +9,10 @@ process tree survives such a kill, so two pieces live outside it:
   exits it kills what is left of the server's process group and removes the server's regions, then exits;
 - the record, a JSON file per server under <server homes>/.running, lets the next server start reclaim what a watcher
   killed along with everything else could not (the record's owner or server is gone: the run is over).
-Only processes in the recorded process group whose executable lies in the recorded server home are killed, and only
-regions with the recorded per-server prefix are removed: a user's own tritonserver is never touched.
+Only processes in the recorded process group whose executable lies in the recorded server home are killed (and none
+once the group's id names another process, or the record comes from another boot or pid namespace, as with a cache
+folder shared between containers), and only regions with the recorded per-server prefix are removed: a user's own
+tritonserver is never touched.
 
 Standard library only: the watcher runs this file as a script (`python -I -S reclaim.py RECORD`), without the package.
 """
@@ -52,6 +54,19 @@ def start_time(pid: int) -> int | None:
     return stat[2] if stat else None
 
 
+def pid_scope() -> tuple[str, str]:
+    """This boot and pid namespace: a record made under others names processes this machine cannot judge."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return boot, namespace
+
+
 def running(pid: int, started: int) -> bool:
     """Whether the process `pid` that started at `started` still runs (a zombie has ended)."""
     stat = _stat(pid)
@@ -70,8 +85,11 @@ class ServerRecord:
     shm_prefix: str
     log: str
     started_at: float  # time.time()
+    boot: str  # pid_scope(): the boot and pid namespace the pids belong to
+    namespace: str
 
     def path(self, running_dir: Path) -> Path:
+        """Its file: named by the server's pid and start time, so two records never share one."""
         return running_dir / f"{self.server_pid}-{self.server_start}.json"
 
     def over(self) -> bool:
@@ -90,6 +108,7 @@ def write_record(running_dir: Path, record: ServerRecord) -> Path:
 
 
 def read_record(path: Path) -> ServerRecord | None:
+    """The record in `path`, None when it is unreadable (half-written by a process killed mid-write, an older format)."""
     try:
         return ServerRecord(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
@@ -98,6 +117,9 @@ def read_record(path: Path) -> ServerRecord | None:
 
 def leftovers(record: ServerRecord) -> list[int]:
     """Live processes of the record's server: in its process group, running an executable from its home."""
+    leader = _stat(record.server_pid)
+    if leader is not None and leader[2] != record.server_start:  # the group's id now names another process: not ours
+        return []
     home = os.path.realpath(record.home) + "/"  # /proc/PID/exe is a resolved path
     found = []
     for entry in Path("/proc").iterdir():
@@ -140,7 +162,7 @@ def reclaim(running_dir: Path) -> list[str]:
 
     A record whose owner and server still run is another live run's: it is left alone. Returns the lines logged.
     """
-    lines = []
+    lines, scope = [], pid_scope()
     try:
         paths = sorted(running_dir.glob("*.json")) if running_dir.is_dir() else []
     except OSError as err:  # an unreadable cache folder must not stop a server from starting
@@ -152,6 +174,10 @@ def reclaim(running_dir: Path) -> list[str]:
             log.warning("removing an unreadable server record %s", path)
             path.unlink(missing_ok=True)
             continue
+        if (record.boot, record.namespace) != scope:
+            if record.boot != scope[0]:  # an earlier boot: nothing of it runs, and /dev/shm was emptied
+                path.unlink(missing_ok=True)
+            continue  # another pid namespace: that container's own next run reclaims it
         if not record.over():
             continue
         pids, regions = clear(record)

@@ -30,7 +30,7 @@ from typing import Any
 from optimizer.errors import ValidationError
 from optimizer.task.isolation import parent_death_signal
 from optimizer.triton.runtime.install import ServerHome, find_triton, prepare_home, server_environment
-from optimizer.triton.runtime.reclaim import RUNNING_DIR, SHM_DIR, ServerRecord, reclaim, start_time, start_watcher, write_record
+from optimizer.triton.runtime.reclaim import RUNNING_DIR, SHM_DIR, ServerRecord, pid_scope, reclaim, start_time, start_watcher, write_record
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class LocalTritonServer:
         if server_start is None or owner_start is None:  # it already ended (its start failed); the start loop reports why
             return
         record = ServerRecord(self._proc.pid, server_start, os.getpid(), owner_start, str(self.home.root.resolve()), self.shm_prefix,
-                              str(self.log_path), time.time())
+                              str(self.log_path), time.time(), *pid_scope())
         try:
             self._record = write_record(self.running_dir, record)
             start_watcher(self._record)
