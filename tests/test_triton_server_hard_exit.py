@@ -100,12 +100,11 @@ def _regions(owner_pid: int) -> list[str]:
     return [p.name for p in regions_of(owner_pid)]
 
 
-def _gone_within(tmp_path: Path, owner_pid: int, bound_s: float) -> float:
-    """Seconds until no process of the run (server, stub, perf_analyzer, watcher) and no region of it is left."""
-    t0 = time.monotonic()
-    while (processes_mentioning(str(tmp_path)) or _regions(owner_pid)) and time.monotonic() - t0 < bound_s:
+def _wait_until_gone(tmp_path: Path, owner_pid: int, bound_s: float) -> None:
+    """Wait (at most `bound_s`) until no process of the run (server, stub, perf_analyzer, watcher) and no region of it is left."""
+    deadline = time.monotonic() + bound_s
+    while (processes_mentioning(str(tmp_path)) or _regions(owner_pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 def test_a_run_killed_with_its_children_while_measuring_leaves_nothing(tmp_path: Path, home: ServerHome):
@@ -116,7 +115,7 @@ def test_a_run_killed_with_its_children_while_measuring_leaves_nothing(tmp_path:
     finally:
         if owner.poll() is None:
             owner.kill()
-    _gone_within(tmp_path, owner.pid, BOUND_S)
+    _wait_until_gone(tmp_path, owner.pid, BOUND_S)
     assert processes_mentioning(str(tmp_path)) == [], "no server, stub, perf_analyzer or watcher may outlive the run"
     assert _regions(owner.pid) == []
 
