@@ -218,7 +218,7 @@ class LocalTritonServer:
         if server_start is None or owner_start is None:  # it already ended (its start failed); the start loop reports why
             return
         record = ServerRecord(self._proc.pid, server_start, os.getpid(), owner_start, str(self.home.root.resolve()), self.shm_prefix,
-                              str(self.log_path), time.time(), *pid_scope())
+                              os.path.abspath(self.log_path), time.time(), *pid_scope())
         try:
             self._record = write_record(self.running_dir, record)
             start_watcher(self._record)
