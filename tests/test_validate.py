@@ -111,7 +111,8 @@ def test_wrong_dims_fail_with_tritons_message(ort_export, ts_export: Path, work:
         config.write_text(config.read_text().replace("dims: [3, 64, 64]", "dims: [3, 32, 32]"))
         out = work / f"out_{source.parent.name}"
         out.mkdir()
-        shutil.copy(report / "report.json", out)  # the export's samples, without touching its validation.json
+        shutil.copy(report / "report.json", out)  # the export's report and samples, without touching its validation.json
+        shutil.copytree(report / "samples", out / "samples")
         r = run_cli("validate", str(repo), "--report", str(out), "--concurrency", "1", *QUICK, cwd=work)
         assert r.returncode == 1, r.stderr
         error = [l for l in r.stderr.splitlines() if l.startswith("error: ")]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from optimizer.records.capacity import RateLevel
-from optimizer.triton.measure.validation.open_loop import OpenLoopAsk, Step, open_loop_record, plan_open_loop, run_open_loop, verdict
+from optimizer.triton.measure.validation.open_loop import OpenLoopAsk, Step, check_open_loop, open_loop_record, plan_open_loop, run_open_loop, verdict
 from tests.conftest import run_cli, tree_snapshot
 from tests.test_triton_server import write_double_model
 
@@ -74,7 +74,6 @@ def test_validate_fails_on_080_not_held_warns_on_100_and_prints_both_kinds_of_fi
     """The record's status, the exit status and the console, with perf_analyzer's figures made up."""
     from optimizer.cli.output import print_validation
     from optimizer.errors import ValidationError
-    from optimizer.triton.measure.validation import run as run_mod
     from optimizer.triton.measure.validation.expectation import ExportReference
     from optimizer.triton.measure.validation.record import ValidationRecord
     from optimizer.triton.runtime import perf_analyzer_rate
@@ -88,8 +87,8 @@ def test_validate_fails_on_080_not_held_warns_on_100_and_prints_both_kinds_of_fi
                        "settings": {"protocol": "grpc", "batch_size": 1}, "unstable": []}
         record.output_dir = str(tmp_path)
         reference = ExportReference(tmp_path, tmp_path, tmp_path, [], "c", None, None, capacity=CLAIM)
-        run_mod._open_loop(record, type("T", (), {"name": "m"})(), reference, {"input": []}, OpenLoopAsk(window_ms=4000), None,
-                           tmp_path / "in.json", "127.0.0.1:1", "grpc", tmp_path, tmp_path / "work", lambda e: None)
+        check_open_loop(record, type("T", (), {"name": "m"})(), reference, {"input": []}, OpenLoopAsk(window_ms=4000), None,
+                        tmp_path / "in.json", "127.0.0.1:1", "grpc", tmp_path, tmp_path / "work", lambda e: None)
         assert record.status == status, record.reason
         print_validation(record)
         out = capsys.readouterr().out

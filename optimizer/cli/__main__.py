@@ -1,6 +1,6 @@
 """`python -m optimizer.cli`: the console script, for a child process that must use this interpreter."""
 
-from optimizer.cli.commands import run
+from optimizer.cli import run
 
 if __name__ == "__main__":
     run()

@@ -7,6 +7,9 @@ SIGKILL of its process group; its python-backend shared-memory regions carry a p
 are removed if the server could not remove them. Two servers at once never share a port or a region.
 A server that dies hard (or dies with the process that started it) leaves nothing either: reclaim.py's watcher
 clears its stubs and regions, and the next start reclaims what an earlier run's record names.
+
+Over 400 lines because a server's start, its stop and its death are one life cycle whose steps share their state
+(ports, the shared-memory prefix, the record reclaim.py reads); the client helpers at the end are short.
 """
 
 from __future__ import annotations

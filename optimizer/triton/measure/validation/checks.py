@@ -76,3 +76,15 @@ def window_for(settings: PerfSettings, request_ms: float | None) -> int:
         return settings.measurement_interval_ms
     wanted = int(round(WINDOW_REQUESTS * request_ms / 100.0)) * 100
     return max(settings.measurement_interval_ms, min(MAX_WINDOW_MS, wanted))
+
+
+def padding_words(reference: ExportReference) -> str:
+    """How the prediction treats a backend that pads: full executions between multiples of the max, unless the queue
+    delay outlasts one (then every batch fills; prediction.py)."""
+    from optimizer.triton.measure.prediction import delay_fills
+
+    if not reference.served_pads or reference.served_point is None:
+        return ""
+    if delay_fills(reference.served_curve, reference.served_point, reference.single_request_ms):
+        return "; the backend pads, and its queue delay outlasts one full execution, so batches fill between multiples of the max"
+    return "; a load that is not a multiple of the max batch pays for full executions (the backend pads)"

@@ -15,9 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from optimizer.errors import SettingsError
+from optimizer.errors import SettingsError, ValidationError
+from optimizer.events import Event, EventSink
+from optimizer.model.samples import load_feeds
 from optimizer.records.capacity import Capacity, RateLevel
 from optimizer.records.capacity import arrivals_label
+from optimizer.triton.measure.client import max_batch
+from optimizer.triton.measure.target import ModelTarget
+from optimizer.triton.measure.validation.checks import served_names
+from optimizer.triton.measure.validation.expectation import ExportReference
+from optimizer.triton.runtime.server import triton_message
 
 OPEN_LOOP_WINDOW_MS = 4000
 """Each rate is measured over three windows this long: open-loop latency on a few cores settles only over seconds (the
@@ -196,3 +203,70 @@ def write_trace_input(path: Path, feeds: list[Any], batching: bool) -> Path:
     from optimizer.triton.runtime.perf_analyzer_input import write_input_data
 
     return write_input_data(path, feeds, batching, max_entries=len(feeds))
+
+
+def check_open_loop(record: Any, target: ModelTarget, reference: ExportReference | None, served: dict[str, Any], ask: OpenLoopAsk,
+               user_traffic: Any, input_data: Path, url: str, protocol: str, folder: Path, work: Path, on_event: EventSink) -> None:
+    """The open-loop check (open_loop.py) when a rate is asked or the export claims a capacity: a required rate not held
+    fails the validation, the claimed capacity itself not held is a note."""
+    from optimizer.triton.runtime.perf_analyzer_rate import RateSettings, measure_rate, write_intervals
+
+    if user_traffic is not None:
+        trace, user_trace = user_traffic.timestamps_ms, True
+    else:
+        trace, user_trace = (reference.trace_ms if reference is not None else None), False
+    plan = plan_open_loop(ask, reference.capacity if reference is not None else None, trace, user_trace)
+    if plan is None:
+        return
+    sending, data = record.traffic, input_data
+    if plan.arrivals == "trace":  # every request of the trace, in its order: the schedule is theirs
+        rename = served_names(reference, served) if reference is not None else {}
+        if user_traffic is not None:
+            feeds = list(user_traffic.requests)
+        else:
+            from optimizer.model.signature import Signature
+            from optimizer.model.traffic import Traffic
+
+            feeds = load_feeds(reference.traffic)
+            if reference.client_padding:
+                feeds = list(Traffic(tuple(feeds), "file", "").padded(Signature.from_json(reference.signature),
+                                                                       list(reference.client_padding["edges"])).requests)
+        feeds = [{rename.get(k, k): a for k, a in f.items()} for f in feeds]
+        data = write_trace_input(work / "open_loop" / "trace_input.json", feeds, max_batch(served) > 0)
+        sending = f"{record.traffic.split(' (')[0]}: all {len(feeds)} requests in the trace's order"
+    rate_settings = RateSettings(protocol=protocol, window_ms=ask.window_ms, windows=OPEN_LOOP_WINDOWS)
+
+    def measure(step: Step, k: int) -> Any:
+        on_event(Event("validate", "progress", target.name, f"open-loop at {step.rate:g} requests/s ({step.role}, "
+                                                             f"{arrivals_label(plan.arrivals)})"))
+        intervals = write_intervals(work / "open_loop" / f"intervals_{k}.txt", schedule(plan, step, trace, seed=k))
+        return measure_rate(target.name, url, data, intervals, work / "perf_analyzer", rate_settings)
+
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        levels = run_open_loop(plan, measure)
+    except ValidationError as err:
+        record.status, record.reason = "failed", f"open-loop: {err}"
+        return
+    except InferenceServerException as err:
+        record.status, record.reason = "failed", f"Triton stopped answering during the open-loop check: {triton_message(err)}"
+        return
+    record.open_loop = open_loop_record(plan, levels, protocol, ask.window_ms, sending)
+    state, summary = record.open_loop["verdict"], record.open_loop["summary"]
+    if state == "not held":
+        record.status, record.reason = "failed", f"open-loop: {summary}"
+    elif state == "warning":  # the open_loop section says which rate and why
+        record.reason += "; open-loop: the claimed capacity itself not held (a warning: 0.8x of it held)"
+    else:
+        record.reason += f"; open-loop: {summary}"
+
+
+def load_user_traffic(path: Path, reference: ExportReference | None, target: ModelTarget) -> Any:
+    """validate --traffic FILE: its requests checked against the export's signature (the forward names), else the served
+    config's inputs; TrafficError (exit 2) for a bad file."""
+    from optimizer.model.signature import Signature
+    from optimizer.model.traffic import load_traffic
+
+    signature = Signature.from_json(reference.signature) if reference is not None and reference.signature else signature_of_config(target.config)
+    return load_traffic(path, signature)

@@ -21,13 +21,12 @@ from optimizer.triton.runtime.perf_analyzer_input import write_input_data
 from optimizer.triton.runtime.install import find_triton, homes_root, prepare_home
 from optimizer.triton.runtime.server import LocalTritonServer, open_client, triton_message
 from optimizer.triton.measure.answers import check_answers
-from optimizer.triton.measure.validation.checks import check_oversize, reference_feeds, served_names, window_for
+from optimizer.triton.measure.validation.checks import check_oversize, padding_words, reference_feeds, served_names, window_for
 from optimizer.triton.measure.client import (config_summary, execution_counts, load_remote, max_batch, ready_versions, request_ms,
                                                 response_cache_enabled, served_config, server_version)
 from optimizer.triton.measure.validation.expectation import ExportReference, find_export_report, load_export_reference
 from optimizer.triton.measure.validation.record import STAND_IN_LABEL, ValidationRecord
-from optimizer.triton.measure.validation.open_loop import (OPEN_LOOP_WINDOW_MS, OPEN_LOOP_WINDOWS, OpenLoopAsk, Step, arrivals_label, open_loop_record,
-                                                         plan_open_loop, run_open_loop, schedule, signature_of_config, write_trace_input)
+from optimizer.triton.measure.validation.open_loop import OPEN_LOOP_WINDOW_MS, OpenLoopAsk, check_open_loop, load_user_traffic
 from optimizer.triton.measure.target import ModelTarget, composing_targets, local_servability, output_folder, resolve_target
 
 PERF_INPUT_FILENAME = "perf_analyzer_input.json"
@@ -90,7 +89,7 @@ def validate(
     target = resolve_target(repository, model)
     report_path = find_export_report(target, Path(report_dir) if report_dir else None)
     reference = load_export_reference(report_path) if report_path else None
-    user_traffic = _user_traffic(Path(traffic), reference, target) if traffic else None  # a bad file: exit 2, nothing written
+    user_traffic = load_user_traffic(Path(traffic), reference, target) if traffic else None  # a bad file: exit 2, nothing written
     sweep = default_sweep(reference) if concurrency in (None, "auto") else ConcurrencyRange.parse(concurrency)
     protocol = protocol or default_protocol(reference, url)
     settings = perf_settings or PerfSettings(concurrency=sweep, protocol=protocol)
@@ -273,86 +272,7 @@ def _run_checks(record: ValidationRecord, target: ModelTarget, reference: Export
     record.reason = (f"loaded, answers match over {', '.join(a.protocol for a in record.answers)}, "
                      f"best {best.throughput:.1f} infer/s closed-loop at {best.concurrency} client{'s' if best.concurrency != 1 else ''}{label}"
                      if best else "loaded and answered")
-    _open_loop(record, target, reference, served, ask, user_traffic, input_data, urls[settings.protocol], settings.protocol, folder, work, on_event)
-
-
-def _open_loop(record: ValidationRecord, target: ModelTarget, reference: ExportReference | None, served: dict[str, Any], ask: OpenLoopAsk,
-               user_traffic: Any, input_data: Path, url: str, protocol: str, folder: Path, work: Path, on_event: EventSink) -> None:
-    """The open-loop check (open_loop.py) when a rate is asked or the export claims a capacity: a required rate not held
-    fails the validation, the claimed capacity itself not held is a note."""
-    from optimizer.triton.runtime.perf_analyzer_rate import RateSettings, measure_rate, write_intervals
-
-    if user_traffic is not None:
-        trace, user_trace = user_traffic.timestamps_ms, True
-    else:
-        trace, user_trace = (reference.trace_ms if reference is not None else None), False
-    plan = plan_open_loop(ask, reference.capacity if reference is not None else None, trace, user_trace)
-    if plan is None:
-        return
-    sending, data = record.traffic, input_data
-    if plan.arrivals == "trace":  # every request of the trace, in its order: the schedule is theirs
-        rename = served_names(reference, served) if reference is not None else {}
-        if user_traffic is not None:
-            feeds = list(user_traffic.requests)
-        else:
-            from optimizer.model.signature import Signature
-            from optimizer.model.traffic import Traffic
-
-            feeds = load_feeds(reference.traffic)
-            if reference.client_padding:
-                feeds = list(Traffic(tuple(feeds), "file", "").padded(Signature.from_json(reference.signature),
-                                                                       list(reference.client_padding["edges"])).requests)
-        feeds = [{rename.get(k, k): a for k, a in f.items()} for f in feeds]
-        data = write_trace_input(work / "open_loop" / "trace_input.json", feeds, max_batch(served) > 0)
-        sending = f"{record.traffic.split(' (')[0]}: all {len(feeds)} requests in the trace's order"
-    rate_settings = RateSettings(protocol=protocol, window_ms=ask.window_ms, windows=OPEN_LOOP_WINDOWS)
-
-    def measure(step: Step, k: int) -> Any:
-        on_event(Event("validate", "progress", target.name, f"open-loop at {step.rate:g} requests/s ({step.role}, "
-                                                             f"{arrivals_label(plan.arrivals)})"))
-        intervals = write_intervals(work / "open_loop" / f"intervals_{k}.txt", schedule(plan, step, trace, seed=k))
-        return measure_rate(target.name, url, data, intervals, work / "perf_analyzer", rate_settings)
-
-    from tritonclient.utils import InferenceServerException
-
-    try:
-        levels = run_open_loop(plan, measure)
-    except ValidationError as err:
-        record.status, record.reason = "failed", f"open-loop: {err}"
-        return
-    except InferenceServerException as err:
-        record.status, record.reason = "failed", f"Triton stopped answering during the open-loop check: {triton_message(err)}"
-        return
-    record.open_loop = open_loop_record(plan, levels, protocol, ask.window_ms, sending)
-    state, summary = record.open_loop["verdict"], record.open_loop["summary"]
-    if state == "not held":
-        record.status, record.reason = "failed", f"open-loop: {summary}"
-    elif state == "warning":  # the open_loop section says which rate and why
-        record.reason += "; open-loop: the claimed capacity itself not held (a warning: 0.8x of it held)"
-    else:
-        record.reason += f"; open-loop: {summary}"
-
-
-def _user_traffic(path: Path, reference: ExportReference | None, target: ModelTarget) -> Any:
-    """validate --traffic FILE: its requests checked against the export's signature (the forward names), else the served
-    config's inputs; TrafficError (exit 2) for a bad file."""
-    from optimizer.model.signature import Signature
-    from optimizer.model.traffic import load_traffic
-
-    signature = Signature.from_json(reference.signature) if reference is not None and reference.signature else signature_of_config(target.config)
-    return load_traffic(path, signature)
-
-
-def _padding_words(reference: ExportReference) -> str:
-    """How the prediction treats a backend that pads: full executions between multiples of the max, unless the queue
-    delay outlasts one (then every batch fills; prediction.py)."""
-    from optimizer.triton.measure.prediction import delay_fills
-
-    if not reference.served_pads or reference.served_point is None:
-        return ""
-    if delay_fills(reference.served_curve, reference.served_point, reference.single_request_ms):
-        return "; the backend pads, and its queue delay outlasts one full execution, so batches fill between multiples of the max"
-    return "; a load that is not a multiple of the max batch pays for full executions (the backend pads)"
+    check_open_loop(record, target, reference, served, ask, user_traffic, input_data, urls[settings.protocol], settings.protocol, folder, work, on_event)
 
 
 def _compare_with_curve(record: ValidationRecord, reference: ExportReference, rows: list[Any]) -> None:
@@ -383,7 +303,7 @@ def _compare_with_curve(record: ValidationRecord, reference: ExportReference, ro
                                  + (" and one request's cost" if reference.single_request_ms else "")
                                  + (f" (with the batcher's {reference.served_point.queue_delay_us} us wait where batches cannot fill)"
                                     if reference.served_point and reference.served_point.queue_delay_us else "")
-                                 + _padding_words(reference))
+                                 + padding_words(reference))
     else:
         record.notes.append("every load of this sweep was measured by the served search: only repeatability is reported; "
                             "sweep other concurrencies (--concurrency) to test the prediction")
