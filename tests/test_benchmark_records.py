@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDING = ("cache_speedup", "fleet", "noisy_choice", "precision", "served_grid", "served_throughput", "tune_quality", "url_choice", "traffic", "export_time")
+RECORDING = ("cache_speedup", "fleet", "noisy_choice", "precision", "served_grid", "served_throughput", "tune_quality", "url_choice", "traffic", "export_time", "rate")
 """The benchmarks that end with a machine-readable line, each of which must write its record."""
 
 
