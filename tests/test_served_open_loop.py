@@ -217,3 +217,10 @@ def test_an_export_with_a_rate_publishes_a_measured_capacity_and_the_replicas_it
     assert "## Capacity (open-loop)" in md and "(closed-loop)" in md and (in_tmp / "aitune-reports" / "mlp" / "capacity.png").is_file()
     manifest = (in_tmp / "aitune-reports" / "mlp" / "kserve" / "inferenceservice.yaml").read_text()
     assert f"minReplicas: {cap['replicas']}" in manifest and 'scaleMetric: "rps"' in manifest
+
+
+def test_a_rate_without_a_budget_publishes_a_finalist_that_keeps_up_with_it(monkeypatch, tmp_path: Path):
+    search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, rate=350.0))
+    assert search.objective == "rate" and "lowest p95 latency at 350" in search.load
+    assert search.chosen.max_batch_size > 1 and search.chosen.queue_delay_us > 0  # the only finalist that keeps up with 350/s
+    assert any(offered == 350.0 for _, offered in rates) and search.capacity["target_rate"] == 350.0

@@ -16,7 +16,7 @@ from typing import Callable
 from optimizer.events import Event
 from optimizer.records.capacity import HELD_THROUGHPUT, Capacity, RateLevel, arrivals_label
 from optimizer.records.served_search import ServedVariant
-from optimizer.triton.measure.capacity import MAX_RATE_RUNS, find_capacity, rung, rung_of, seed_rate
+from optimizer.triton.measure.capacity import MAX_RATE_RUNS, drain_s, find_capacity, rung, rung_of, seed_rate
 from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
 
 FINALISTS = 3
@@ -144,6 +144,8 @@ class OpenLoopStage:
             with self.run.measurer.loaded(v.point) as name:
                 if name is not None:
                     at_rate.append((v, self._measure(name)(rate)))
+                    if wait := drain_s(at_rate[-1][1], run_cost_s()):  # what it queued must not meet the next finalist
+                        self.run.bench.drain(wait)
         kept = [(v, lv) for v, lv in at_rate if lv.throughput >= HELD_THROUGHPUT * lv.offered]
         if kept:
             v, level = min(kept, key=lambda p: p[1].latency(self.pct))
