@@ -47,8 +47,17 @@ def run_export() -> None:
         kept = {name: (report / name).read_text() for name in ("report.json", "validation.json", "report.md")}
         kept["config.pbtxt"] = (work / "model_repository" / "cnn" / "config.pbtxt").read_text()
         kept["console.txt"] = "\n".join([f"$ aitune-export -q {' '.join(COMMAND)}", *done.stderr.splitlines(), *done.stdout.splitlines()]) + "\n"
-        for name, text in kept.items():  # paths as the user's folder shows them, not this run's scratch folder
-            (SAMPLE / name).write_text(text.replace(str(work) + "/", ""))
+        for name, text in kept.items():
+            (SAMPLE / name).write_text(machine_free(text, work))
+
+
+def machine_free(text: str, work: Path) -> str:
+    """Paths as the user's folder shows them: not this run's scratch folder, this machine's interpreter folder or
+    validate's temporary folder (a kept file never names a path of the machine that made it)."""
+    import re
+
+    text = text.replace(str(work) + "/", "").replace(str(Path(sys.executable).parent) + "/", "")
+    return re.sub(re.escape(tempfile.gettempdir()) + r"/aitune-validate-[^/\s\"]+/", "VALIDATE_WORK/", text)
 
 
 PLOTS = {"throughput": "throughput.png", "latency": "latency.png", "served_search": "served_search.png"}
