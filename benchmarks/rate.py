@@ -36,12 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from served_grid import paired_ratio  # noqa: E402
 from served_lab import ROOT, Lab, Load, Refused, Variant, open_export  # noqa: E402
-from traffic_models import BERT_VOCAB, write_traffic  # noqa: E402
+from results import merge_models, write_result  # noqa: E402
+from traffic_models import BERT_VOCAB, has_transformers, write_traffic  # noqa: E402
 
 from optimizer.machine import cpu_cores  # noqa: E402
 from optimizer.records.capacity import Capacity  # noqa: E402
 from optimizer.records.served_search import OperatingPoint  # noqa: E402
-from optimizer.triton.measure.capacity import find_capacity, seed_rate  # noqa: E402
+from optimizer.triton.measure.capacity import find_capacity  # noqa: E402
 from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, warm_up  # noqa: E402
 from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
 
@@ -71,12 +72,12 @@ def main() -> int:
     for name in args.models.split(","):
         if name not in MODELS:
             raise Refused(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-        if name == "bert" and not _has_transformers():
+        if name == "bert" and not has_transformers():
             record["models"][name] = {"skipped": "transformers is not installed (pip install transformers)"}
             print(f"skipped {name}: transformers is not installed", flush=True)
             continue
         record["models"][name] = one_model(name, MODELS[name], args.budget_ms, args.rounds, work / name, lines)
-    _write_record(record)
+    write_result("rate", merge_models("rate", record.pop("models"), record))  # benchmarks/results/rate.json (results.py)
     print("\n".join(lines))
     return 0
 
@@ -158,21 +159,6 @@ def _capacity(lab: Lab, v: Variant, budget: float, seed: float) -> Capacity | No
         lab.loader.unload(list(names))
     print(f"  {v.label:<44} {cap.describe()}", flush=True)
     return cap
-
-
-def _has_transformers() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _write_record(record: dict[str, Any]) -> None:
-    """benchmarks/results/rate.json: the figures with the machine, the date and the command (results.py)."""
-    from results import merge_models, write_result
-
-    write_result("rate", merge_models("rate", record.pop("models"), record))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from served_grid import geometric_mean, paired_ratio  # noqa: E402
 from served_lab import ROOT, Lab, Load, Refused, Variant, open_export  # noqa: E402
-from traffic_models import BERT_VOCAB, write_traffic  # noqa: E402
+from results import merge_models, write_result  # noqa: E402
+from traffic_models import BERT_VOCAB, has_transformers, write_traffic  # noqa: E402
 
 from optimizer.machine import cpu_cores  # noqa: E402
 from optimizer.records.served_search import OperatingPoint  # noqa: E402
@@ -70,12 +71,12 @@ def main() -> int:
     lines: list[str] = []
     for name in args.models.split(","):
         spec = MODELS[name]
-        if spec["mask"] and not _has_transformers():
+        if spec["mask"] and not has_transformers():
             print(f"traffic model={name} skipped: transformers is not installed (pip install transformers)", flush=True)
             record["models"][name] = {"skipped": "transformers is not installed"}
             continue
         record["models"][name] = one_model(name, spec, loads, args.rounds, work / name, lines)
-    _write_record(record)
+    write_result("traffic", merge_models("traffic", record.pop("models"), record))  # benchmarks/results/traffic.json (results.py)
     print("\n".join(lines), flush=True)
     return 0
 
@@ -169,21 +170,6 @@ def _layouts(cores: int) -> list[int]:
         out.append(n)
         n *= 2
     return out
-
-
-def _has_transformers() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _write_record(record: dict[str, Any]) -> None:
-    """benchmarks/results/traffic.json: the figures with the machine, the date and the command (results.py)."""
-    from results import merge_models, write_result
-
-    write_result("traffic", merge_models("traffic", record.pop("models"), record))
 
 
 if __name__ == "__main__":

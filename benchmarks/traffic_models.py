@@ -12,6 +12,15 @@ BERT_VOCAB = 30522
 MAX_LENGTH = 128
 
 
+def has_transformers() -> bool:
+    """Whether the BERT-style encoder can be built here (transformers installed); its benchmarks skip it with the reason otherwise."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def bert():
     """BertModel with 4 layers, hidden 256 (4 heads, intermediate 1024), random weights: forward(input_ids, attention_mask)."""
     import torch
