@@ -224,3 +224,15 @@ def test_a_rate_without_a_budget_publishes_a_finalist_that_keeps_up_with_it(monk
     assert search.objective == "rate" and "lowest p95 latency at 350" in search.load
     assert search.chosen.max_batch_size > 1 and search.chosen.queue_delay_us > 0  # the only finalist that keeps up with 350/s
     assert any(offered == 350.0 for _, offered in rates) and search.capacity["target_rate"] == 350.0
+
+
+def test_the_report_states_the_capacity_the_replicas_and_that_its_figures_are_open_loop(tmp_path: Path):
+    from optimizer.report.capacity_section import capacity_section
+    from optimizer.report.plots import write_capacity_plot
+
+    curve = [rate_level(256.0, 255.0, 6.0).judge(20.0, 95), rate_level(304.0, 280.0, 60.0).judge(20.0, 95)]
+    cap = Capacity(256.0, 20.0, 95, "poisson", 2, curve, window_ms=2000, windows=3, target_rate=1000.0, headroom=0.2, point="max 4").to_json()
+    text = capacity_section(cap, [], "capacity.png")
+    assert text.startswith("## Capacity (open-loop)") and "256 requests/s held (open-loop, Poisson arrivals, p95 <= 20 ms" in text
+    assert "Replicas for 1000 requests/s: 5" in text and "| 304 | 280.0 |" in text and "no: served 280.0/s of 304/s" in text
+    assert write_capacity_plot(cap, tmp_path).is_file() and capacity_section(None) == ""

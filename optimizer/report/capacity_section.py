@@ -27,7 +27,7 @@ def capacity_section(capacity: dict[str, Any] | None, finalists: list[dict[str, 
     lines = ["## Capacity (open-loop)", ""]
     lines.append(f"**{cap.describe()}**{kind}, measured on {cap.point or 'the published config'}. Open-loop: requests were sent on a "
                  f"schedule ({arrivals_label(cap.arrivals)}) whatever the answers' pace, as independent clients send them, over "
-                 f"{cap.windows} windows of {cap.window_ms / 1000:g} s a rate; a rate is held when p{cap.percentile} latency is within the "
+                 f"{cap.windows} windows a rate ({cap.window_ms / 1000:g} s each at the capacity, longer at lower rates); a rate is held when p{cap.percentile} latency is within the "
                  "target and the server answered at least 97% of what was offered.")
     if cap.replicas is not None:
         lines += ["", f"**Replicas for {cap.target_rate:g} requests/s: {cap.replicas}** = ceil({cap.target_rate:g} / "

@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from optimizer.records.tune_result import TuneResult
 
@@ -184,18 +184,7 @@ def write_served_search_plot(search: dict[str, Any] | None, out_dir: Path) -> Pa
     """Draw `served_search_figure` into `out_dir`; None when there is no search, nothing measured, or no matplotlib."""
     if not search or search.get("status") != "searched":
         return None
-    try:
-        fig = served_search_figure(search)
-    except ImportError as err:
-        log.warning("no served-search plot: matplotlib cannot be imported (%s); install the report extra: pip install 'aitune-export[report]'", err)
-        return None
-    if fig is None:
-        return None
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / SERVED_SEARCH_FILE
-    fig.savefig(path, dpi=110)
-    return path
+    return _save(lambda: served_search_figure(search), "served-search", Path(out_dir) / SERVED_SEARCH_FILE)
 
 
 def capacity_figure(capacity: dict[str, Any]) -> Figure | None:
@@ -228,16 +217,20 @@ def write_capacity_plot(capacity: dict[str, Any] | None, out_dir: Path) -> Path 
     """Draw `capacity_figure` into `out_dir`; None without a capacity, or without matplotlib."""
     if not capacity:
         return None
+    return _save(lambda: capacity_figure(capacity), "capacity", Path(out_dir) / CAPACITY_FILE)
+
+
+def _save(draw: Callable[[], Figure | None], what: str, path: Path) -> Path | None:
+    """Draw a figure and save it at `path`; None when it has nothing to draw, or matplotlib is missing (a warning)."""
     try:
-        fig = capacity_figure(capacity)
+        fig = draw()
     except ImportError as err:
-        log.warning("no capacity plot: matplotlib cannot be imported (%s); install the report extra: pip install 'aitune-export[report]'", err)
+        log.warning("no %s plot: matplotlib cannot be imported (%s); install the report extra: pip install 'aitune-export[report]'", what, err)
         return None
     if fig is None:
         return None
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / CAPACITY_FILE
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
 

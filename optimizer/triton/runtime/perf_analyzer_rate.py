@@ -34,7 +34,7 @@ SCHEDULE_S = 60.0
 """The length of a generated schedule; perf_analyzer loops it (a run is a few windows, far shorter)."""
 RATE_WINDOW_MS = 2000
 RATE_WINDOWS = 3
-"""A rate is measured over three 2 s windows with no stability check (perf_analyzer merges them): under bursty arrivals
+"""A rate is measured over three windows of at least 2 s (rate_window_ms) with no stability check (perf_analyzer merges them): under bursty arrivals
 the windows of a loaded server never agree within a tight tolerance on two cores, and three windows hold hundreds of
 requests at the rates a served model holds, enough for a p95."""
 MIN_WINDOW_REQUESTS = 120
