@@ -18,13 +18,13 @@ from typing import Any, Callable, Sequence
 from optimizer.errors import SettingsError, ValidationError
 from optimizer.events import Event, EventSink
 from optimizer.model.samples import load_feeds
-from optimizer.records.capacity import Capacity, RateLevel
-from optimizer.records.capacity import arrivals_label
+from optimizer.records.capacity import Capacity, RateLevel, arrivals_label
 from optimizer.triton.measure.client import max_batch
 from optimizer.triton.measure.target import ModelTarget
 from optimizer.triton.measure.validation.checks import served_names
 from optimizer.triton.measure.validation.expectation import ExportReference
 from optimizer.triton.runtime.server import triton_message
+from optimizer.vocab import ARRIVALS
 
 OPEN_LOOP_WINDOW_MS = 4000
 """Each rate is measured over three windows this long: open-loop latency on a few cores settles only over seconds (the
@@ -33,9 +33,6 @@ OPEN_LOOP_WINDOWS = 3
 CLAIM_SHARES = ((0.8, True), (1.0, False))
 """(share of the claimed capacity, whether not holding it fails validate)."""
 DEFAULT_PERCENTILE = 95
-ARRIVALS = ("poisson", "constant")
-
-
 
 
 @dataclass(frozen=True)
