@@ -51,6 +51,30 @@ def test_the_capacity_is_the_highest_rung_held_with_a_failed_rung_right_above(ca
     assert len(waits) == sum(not lv.held for lv in cap.curve) and all(0 < w <= 10 for w in waits)  # the queue drains after each failure
 
 
+def test_a_failure_slower_than_a_higher_rate_was_is_measured_again_before_it_bounds_the_capacity():
+    """A config that holds 1250/s: its first run at 1220/s meets a stall (p95 51 ms) after 1450/s failed at 28 ms."""
+    steady = server_holding(1250.0)
+    calls: list[float] = []
+
+    def measure(offered: float) -> RateLevel:
+        calls.append(offered)
+        if offered == rung(rung_of(1220)) and calls.count(offered) == 1:
+            return rate_level(offered, offered, 51.0)
+        if offered > 1250:
+            return rate_level(offered, offered, 28.0)
+        return steady(offered)
+
+    cap = find_capacity(measure, 20.0, 95, "poisson", 1450.0, drain=lambda s: None)
+    assert cap.rate_per_s == rung(rung_of(1220)) and cap.bounded
+    assert calls.count(rung(rung_of(1220))) == 2 and cap.runs == len(calls)
+
+
+def test_a_failure_in_line_with_the_curve_bounds_the_capacity_at_once():
+    calls: list[float] = []
+    cap = find_capacity(server_holding(1250.0, calls), 20.0, 95, "poisson", 1450.0, drain=lambda s: None)
+    assert cap.rate_per_s == rung(rung_of(1220)) and len(calls) == len(set(calls))  # no rung measured twice
+
+
 def test_a_rate_the_server_falls_behind_on_is_not_held_even_within_the_budget():
     level = rate_level(200.0, 180.0, 4.0).judge(20.0, 95)
     assert not level.held and "180.0/s of 200/s" in level.why

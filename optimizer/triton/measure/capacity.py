@@ -4,7 +4,9 @@ Rates lie on one grid (RATE_STEP apart, the same for every config and every run)
 for rung and a claim can be measured again at exactly the rate it names. The search starts near a seed (what the config
 served closed-loop within the budget, which bounds it from above), climbs a rung while the rate is held and steps down
 while it is not, and stops when a held rung has a failed one right above it. A rate the server could not keep up with
-sends the search straight to the rung below what it did serve. The served search and validate share it.
+sends the search straight to the rung below what it did serve. Latency only grows with the offered rate, so a failed
+rung measured slower than a rung above it was is a disturbance (another process, a stall), not the config: that rung
+is measured once more before it bounds the capacity. The served search and validate share it.
 """
 
 from __future__ import annotations
@@ -61,17 +63,25 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
     runs, or when `out_of_time(run_cost_s)` says the next run would not fit; `bounded` says whether a failed rung lies
     right above the capacity. After a rate that was not held, `drain(seconds)` lets the server work off its queue."""
     levels: dict[int, RateLevel] = {}
+    retaken: set[int] = set()
+    runs = 0
     k = rung_of(max(seed, LOWEST_RATE))
-    while len(levels) < max_runs and k not in levels and rung(k) >= LOWEST_RATE and not (levels and out_of_time(run_cost_s)):
+    while runs < max_runs and k not in levels and rung(k) >= LOWEST_RATE and not (levels and out_of_time(run_cost_s)):
         level = measure(rung(k)).judge(latency_budget_ms, percentile)
         levels[k] = level
+        runs += 1
         if wait := drain_s(level, run_cost_s):
             drain(wait)
         held = [j for j, lv in levels.items() if lv.held]
         failed = [j for j, lv in levels.items() if not lv.held]
         top = max((j for j in held if not failed or j < min(failed)), default=None)
         if failed and top is not None and min(failed) == top + 1:
-            break  # bracketed: held, and the rung above not
+            if top + 1 in retaken or not out_of_line(levels, top + 1, percentile):
+                break  # bracketed: held, and the rung above not
+            retaken.add(top + 1)
+            k = top + 1
+            del levels[k]  # measured again; the next run at it stands
+            continue
         if level.held:
             fast = latency_budget_ms is not None and level.latency(percentile) < FAST_CLIMB * latency_budget_ms
             k = k + (2 if fast and not failed else 1)
@@ -83,16 +93,23 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
             k = k - 1
         while k in levels and levels[k].held and (k + 1) not in levels:
             k += 1
-    return capacity_of(levels, latency_budget_ms, percentile, arrivals)
+    return capacity_of(levels, latency_budget_ms, percentile, arrivals, runs)
 
 
-def capacity_of(levels: dict[int, RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str) -> Capacity:
-    """The highest held rung below the lowest failed one (a held rung above a failure is taken as the noise it is)."""
+def out_of_line(levels: dict[int, RateLevel], j: int, percentile: int) -> bool:
+    """Whether rung j was measured slower (at the percentile) than a higher rung was."""
+    return any(i > j and lv.latency(percentile) < levels[j].latency(percentile) for i, lv in levels.items())
+
+
+def capacity_of(levels: dict[int, RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str,
+                runs: int | None = None) -> Capacity:
+    """The highest held rung below the lowest failed one (a held rung above a failure is taken as the noise it is);
+    `runs`: the measurements taken (a rung measured again counts twice), len(levels) when not given."""
     failed = [j for j, lv in levels.items() if not lv.held]
     held = [j for j, lv in levels.items() if lv.held and (not failed or j < min(failed))]
     top = max(held, default=None)
     curve = [levels[j] for j in sorted(levels)]
-    return Capacity(rung(top) if top is not None else None, latency_budget_ms, percentile, arrivals, len(levels), curve,
+    return Capacity(rung(top) if top is not None else None, latency_budget_ms, percentile, arrivals, runs or len(levels), curve,
                     bounded=bool(failed) and top is not None and min(failed) == top + 1)
 
 
