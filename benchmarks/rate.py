@@ -10,13 +10,15 @@ export with `--rate max --latency-budget-ms B`, then in one local tritonserver u
 - the emitted config and the grid's best in paired rounds (emitted, best, best, emitted, ...), each round a capacity
   search of each: the ratio of capacities with its 90% interval, and emitted against the report's claim.
 
-With --model-analyzer, Model Analyzer's own request-rate search runs beside it on the same model file (its pick, the
-capacity of that pick measured the same way, and its time), where it installs.
+With --model-analyzer, Model Analyzer's own request-rate search (request_rate_search_enable, Poisson arrivals, the
+budget as its p95 constraint, bounded as the grid; benchmarks/model_analyzer_run.py) runs first and alone on the same
+model file and the export's traffic; its pick joins the paired rounds, its capacity measured the same way as ours.
 
-    .venv/bin/python benchmarks/rate.py [--models cnn,transformer,bert] [--budget-ms 20] [--rounds 3] [--workdir DIR]
+    .venv/bin/python benchmarks/rate.py [--models cnn,transformer,bert] [--budget-ms 20] [--rounds 3] [--workdir DIR] [--model-analyzer]
 
 One line per model (the last lines), and a JSON record in benchmarks/results/rate.json:
     rate model=NAME budget_ms=B emitted_cap=X best_cap=Y ratio=X/Y ratio_lo=L ratio_hi=H claim=Z claim_ratio=X/Z rounds=N
+      [ma_cap=M ma_ratio=X/M ma_s=SECONDS]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from model_analyzer_run import ma_variant, rate_search  # noqa: E402
 from served_grid import paired_ratio  # noqa: E402
 from served_lab import ROOT, Lab, Load, Refused, Variant, open_export  # noqa: E402
 from results import merge_models, write_result  # noqa: E402
@@ -65,10 +68,14 @@ def main() -> int:
     parser.add_argument("--budget-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--model-analyzer", action="store_true", help="also run Model Analyzer's request-rate search and measure its pick")
+    parser.add_argument("--ma-timeout", type=float, default=1500.0, help="seconds Model Analyzer may run per model")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="aitune-rate-"))
     lines: list[str] = []
-    record: dict[str, Any] = {"budget_ms": args.budget_ms, "rounds": args.rounds, "models": {}}
+    record: dict[str, Any] = {"settings": {"budget_ms": args.budget_ms, "rounds": args.rounds, "percentile": 95, "arrivals": "poisson",
+                                           "interval": "90%, Student's t over the paired rounds' log ratios",
+                                           "model_analyzer": "request-rate search" if args.model_analyzer else "not run"}, "models": {}}
     for name in args.models.split(","):
         if name not in MODELS:
             raise Refused(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
@@ -76,14 +83,17 @@ def main() -> int:
             record["models"][name] = {"skipped": "transformers is not installed (pip install transformers)"}
             print(f"skipped {name}: transformers is not installed", flush=True)
             continue
-        record["models"][name] = one_model(name, MODELS[name], args.budget_ms, args.rounds, work / name, lines)
+        record["models"][name] = one_model(name, MODELS[name], args.budget_ms, args.rounds, work / name, lines,
+                                            args.ma_timeout if args.model_analyzer else None)
     write_result("rate", merge_models("rate", record.pop("models"), record))  # benchmarks/results/rate.json (results.py)
     print("\n".join(lines))
     return 0
 
 
-def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work: Path, lines: list[str]) -> dict[str, Any]:
-    """The export, then the grid's capacities and the paired rounds under the held-out traffic."""
+def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work: Path, lines: list[str],
+              ma_timeout: float | None = None) -> dict[str, Any]:
+    """The export, Model Analyzer's search if asked (alone, before any server of ours), then the grid's capacities and the
+    paired rounds under the held-out traffic."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     extra, held_out = [], None
@@ -111,6 +121,17 @@ def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work:
     layouts = [n for n in (1, 2, 4, 8) if n <= cores]
     grid = [export.variant(OperatingPoint(b, (), d, n, cores // n if export.thread_parameter else None))
             for b in GRID_BATCHES for d in GRID_DELAYS for n in layouts if not (b == 1 and d)]
+    picked = None
+    if ma_timeout is not None:
+        ma = rate_search(export.published.get("model_analyzer_config"), budget, 95, max(GRID_BATCHES), max(layouts), work, ma_timeout)
+        picked = ma_variant(ma, export.thread_parameter)
+        out["model_analyzer"] = {k: ma[k] for k in ("status", "reason", "seconds", "best") if k in ma}
+        if picked is not None:
+            out["model_analyzer"]["pick"] = picked.point.label
+            print(f"model_analyzer: picked {picked.point.label} ({ma['best']['throughput']:.1f} infer/s at request rate "
+                  f"{ma['best']['request_rate']} in its own search), {ma['seconds']:.0f} s; it joins the paired rounds", flush=True)
+        else:
+            print(f"model_analyzer {ma['status']}: {ma.get('reason')}", flush=True)
     load = Load(1, "benchmarks/rate.py", Objective(latency_budget_ms=budget))
     seed = claim.rate_per_s if claim and claim.rate_per_s else 50.0
     with Lab(export, load, work / "lab", traffic=held_out) as lab:
@@ -123,22 +144,32 @@ def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work:
         best_v = max(measured, key=lambda vc: (vc[1].rate_per_s, -vc[1].curve[-1].p95_ms))[0]
         best = Variant("best", best_v.point, best_v.text, best_v.extra)
         out["best"] = best_v.point.label
+        contenders = [emitted, best] + ([picked] if picked is not None else [])
         pairs: list[tuple[float, float]] = []
+        ma_caps: list[float] = []
         for r in range(rounds):
-            order = [emitted, best] if r % 2 == 0 else [best, emitted]
+            order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]  # each goes first in turn
             got = {v.label: _capacity(lab, v, budget, seed) for v in order}
             e, b = got["emitted"], got["best"]
             pairs.append((e.rate_per_s or 0.0, b.rate_per_s or 0.0))
-            print(f"round {r + 1}: emitted {pairs[-1][0]:g}/s, best {pairs[-1][1]:g}/s", flush=True)
-        out["rounds"] = [{"emitted": e, "best": b} for e, b in pairs]
+            if picked is not None:
+                ma_caps.append(got[picked.label].rate_per_s or 0.0)
+            print(f"round {r + 1}: emitted {pairs[-1][0]:g}/s, best {pairs[-1][1]:g}/s"
+                  + (f", model analyzer's pick {ma_caps[-1]:g}/s" if ma_caps else ""), flush=True)
+        out["rounds"] = [{"emitted": e, "best": b, **({"model_analyzer": ma_caps[i]} if ma_caps else {})} for i, (e, b) in enumerate(pairs)]
     ratio, lo, hi = paired_ratio([e for e, _ in pairs], [b for _, b in pairs])
     emitted_cap = statistics.median(e for e, _ in pairs)
     best_cap = statistics.median(b for _, b in pairs)
     claimed = claim.rate_per_s if claim and claim.rate_per_s else 0.0
     out |= {"emitted_cap": emitted_cap, "best_cap": best_cap, "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
             "claim_ratio": emitted_cap / claimed if claimed else None}
-    lines.append(f"rate model={name} budget_ms={budget:g} emitted_cap={emitted_cap:g} best_cap={best_cap:g} ratio={ratio:.3f} ratio_lo={lo:.3f} "
-                 f"ratio_hi={hi:.3f} claim={claimed:g} claim_ratio={emitted_cap / claimed if claimed else 0:.3f} rounds={len(pairs)}")
+    line = (f"rate model={name} budget_ms={budget:g} emitted_cap={emitted_cap:g} best_cap={best_cap:g} ratio={ratio:.3f} ratio_lo={lo:.3f} "
+            f"ratio_hi={hi:.3f} claim={claimed:g} claim_ratio={emitted_cap / claimed if claimed else 0:.3f} rounds={len(pairs)}")
+    if ma_caps:
+        ma_cap = statistics.median(ma_caps)
+        out |= {"ma_cap": ma_cap, "ma_ratio": emitted_cap / ma_cap if ma_cap else None, "ma_s": out["model_analyzer"].get("seconds")}
+        line += f" ma_cap={ma_cap:g} ma_ratio={emitted_cap / ma_cap if ma_cap else 0:.3f} ma_s={out['ma_s']:.0f}"
+    lines.append(line)
     return out
 
 

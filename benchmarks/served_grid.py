@@ -46,13 +46,11 @@ and its figures, with the load, the configs compared and the rounds, go to bench
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import math
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,13 +60,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # served_lab: the benchmarks' measuring parts
 
+from model_analyzer_run import concurrency_search, ma_variant  # noqa: E402
 from results import line_figures, merge_models, write_result  # noqa: E402
-from served_lab import Lab, Load, Refused, Variant, locally, open_export, point_of, show  # noqa: E402
+from served_lab import Lab, Load, Refused, open_export, show  # noqa: E402
 
 from optimizer.errors import ValidationError  # noqa: E402
 from optimizer.machine import cpu_cores  # noqa: E402
 from optimizer.records.served_search import OperatingPoint, ServedSearch  # noqa: E402
-from optimizer.triton.config.model_config import parse  # noqa: E402
 from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
 
 DELAYS_US = (0, 100, 1000)
@@ -153,86 +151,6 @@ def grid(cap: int, cores: int, quick: bool, thread_parameter: str | None) -> lis
             for b in batches for n in counts for d in (delays if b > 1 else (0,))]
 
 
-def model_analyzer(yaml_path: str | None, concurrency: int, max_batch: int, instances: int, work: Path, timeout_s: float) -> dict[str, Any]:
-    """Model Analyzer's own brute search (triton-model-analyzer 1.58) on the export's model_analyzer.yaml, bounded as the grid.
-
-    Bounded as the grid: max batch up to the grid's largest, instances up to the grid's most, at the grid's one concurrency.
-    Local launch mode as the YAML is written: Model Analyzer starts the bundled tritonserver 2.51 through the launcher
-    that gives it LD_LIBRARY_PATH and the python stub's PATH, and perf_analyzer through its launcher; the venv's bin goes
-    first on PATH too. Results, checkpoints and the output repository go to a fresh folder here (an old checkpoint would
-    be reused as if measured now). Returns what ran, its best row and the seconds it took."""
-    binary = Path(sys.executable).parent / "model-analyzer"
-    if not binary.is_file():
-        return {"status": "skipped", "reason": f"{binary} is missing: pip install 'aitune-export[model-analyzer]'"}
-    if not yaml_path or not Path(yaml_path).is_file():
-        return {"status": "skipped", "reason": f"the export wrote no model_analyzer.yaml ({yaml_path}); re-run the export"}
-    out = work / "model_analyzer"
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)  # Model Analyzer refuses a checkpoint folder whose parent is missing
-    command = [str(binary), "profile", "-f", yaml_path, "--export-path", str(out), "--checkpoint-directory", str(out / "checkpoints"),
-               "--output-model-repository-path", str(out / "output_model_repository"), "--override-output-model-repository",
-               "--run-config-search-min-concurrency", str(concurrency), "--run-config-search-max-concurrency", str(concurrency),
-               "--run-config-search-max-instance-count", str(instances)]
-    if max_batch > 0:
-        command += ["--run-config-search-max-model-batch-size", str(max_batch)]
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}  # the launchers bring their own
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    t0 = time.monotonic()
-    proc = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)  # Model Analyzer checkpoints and stops its server on Ctrl-C
-        try:
-            text, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            text, _ = proc.communicate()
-        text = f"{text}\n(stopped after {timeout_s:.0f} s: --ma-timeout)"
-    seconds = round(time.monotonic() - t0, 1)
-    (work / "model_analyzer.log").write_text(text)
-    doc: dict[str, Any] = {"status": "ran", "returncode": proc.returncode, "seconds": seconds, "command": command,
-                           "export_path": str(out), "output_tail": text[-3000:]}
-    results = out / "results" / "metrics-model-inference.csv"
-    if not results.is_file():
-        doc.update(status="failed", reason=_ma_error(text) or f"exit status {proc.returncode} and no {results.name}")
-        return doc
-    with open(results, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if _float(r.get("Throughput (infer/sec)")) > 0]
-    doc["rows"] = rows
-    if not rows:
-        doc.update(status="failed", reason=f"{results.name} has no measured row")
-        return doc
-    best = max(rows, key=lambda r: _float(r.get("Throughput (infer/sec)")))
-    doc["best"] = {"config": best.get("Model Config Path"), "throughput": _float(best.get("Throughput (infer/sec)")),
-                   "p99_ms": _float(best.get("p99 Latency (ms)")), "max_batch_size": best.get("Max Batch Size"),
-                   "instances": best.get("Instance Group"), "concurrency": best.get("Concurrency")}
-    return doc
-
-
-def ma_variant(ma: dict[str, Any], thread_parameter: str | None) -> Variant | None:
-    """Model Analyzer's best config as a contender of the paired rounds (its output repository's config.pbtxt), if it found one."""
-    best = ma.get("best")
-    path = Path(ma.get("export_path", "")) / "output_model_repository" / str(best.get("config")) / "config.pbtxt" if best else None
-    if path is None or not path.is_file():
-        return None
-    text = path.read_text()
-    return Variant("model analyzer", point_of(parse(text), thread_parameter), locally(text))
-
-
-def _float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _ma_error(text: str) -> str:
-    """Model Analyzer's own error line, if it printed one (an exception's message or an ERROR log line)."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    picked = [line for line in lines if "Exception" in line or "ERROR" in line or "Error:" in line]
-    return (picked or lines[-1:] or [""])[-1][:400]
-
-
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
         json.dump(doc, tmp, indent=2)
@@ -281,7 +199,7 @@ def main() -> int:
         ma: dict[str, Any] = {"status": "skipped", "reason": "not asked (pass --model-analyzer)"}
         contenders = []
         if args.model_analyzer:  # first, alone: its servers and ours never measure at the same time
-            ma = model_analyzer(export.published.get("model_analyzer_config"), load.concurrency, max(p.max_batch_size for p in points),
+            ma = concurrency_search(export.published.get("model_analyzer_config"), load.concurrency, max(p.max_batch_size for p in points),
                                 max(p.instances for p in points), work, args.ma_timeout)
             picked = ma_variant(ma, export.thread_parameter)
             if picked is not None:
