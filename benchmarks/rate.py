@@ -104,7 +104,7 @@ def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work:
     t0 = time.monotonic()
     command = [str(Path(sys.executable).parent / "aitune-export"), "export", *([spec["model"]] if spec["model"] else []), *spec["args"], *extra,
                "--rate", "max", "--latency-budget-ms", f"{budget:g}", "--repository", str(work / "repo"), "--report-dir", str(work / "report"),
-               "--name", name]
+               "--name", name, "--no-cache"]  # measured now, not a served search an older checkout cached
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     (work / "export.log").write_text(run.stdout + run.stderr)
     if run.returncode != 0:
