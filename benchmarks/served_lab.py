@@ -26,6 +26,7 @@ from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSea
 from optimizer.records.tune_result import TuneResult  # noqa: E402
 from optimizer.settings import ExportSettings  # noqa: E402
 from optimizer.triton.config.front import front_step  # noqa: E402
+from optimizer.triton.config.spec import config_signature  # noqa: E402
 from optimizer.triton.runtime.local_serving import local_config, needs_translation  # noqa: E402
 from optimizer.triton.runtime.perf_analyzer import find_perf_analyzer  # noqa: E402
 from optimizer.triton.runtime.perf_analyzer_input import write_input_data  # noqa: E402
@@ -231,7 +232,9 @@ class Lab:
         traffic = load_traffic(self.traffic, sig)
         if padding:
             traffic = traffic.padded(sig, list(padding["edges"]))
-        feeds = traffic.sent()
+        _, renamed = config_signature(self.export.result.selected_candidate.artifact)
+        back = {original: config_name for config_name, original in renamed.items()}  # a positional backend's INPUT__<i>
+        feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in traffic.sent()]
         path = write_input_data(self.workdir / f"traffic_input{'_padded' if padding else ''}.json", feeds, sig.batching)
         return path, f"{self.traffic.name}{' padded' if padding else ''} ({len(feeds)} requests)", feeds
 
