@@ -4,9 +4,11 @@ Rates lie on one grid (RATE_STEP apart, the same for every config and every run)
 for rung and a claim can be measured again at exactly the rate it names. The search starts near a seed (what the config
 served closed-loop within the budget, which bounds it from above), climbs a rung while the rate is held and steps down
 while it is not, and stops when a held rung has a failed one right above it. A rate the server could not keep up with
-sends the search straight to the rung below what it did serve. Latency only grows with the offered rate, so a failed
-rung measured slower than a rung above it was is a disturbance (another process, a stall), not the config: that rung
-is measured once more before it bounds the capacity. The served search and validate share it.
+sends the search straight to the rung below what it did serve. One run near saturation is a coin that lands either way
+(a queue that a burst starts may or may not drain within the windows), so the failed rung that would bound the capacity
+is measured again and bounds it only when most of its runs (two of two, or two of three) fail; one that the server fell
+far behind on bounds it at once, unless it measured slower than a rung above it did (latency only grows with the rate,
+so that was a disturbance: another process, a stall). The served search and validate share it.
 """
 
 from __future__ import annotations
@@ -62,28 +64,29 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
     """Search the capacity from `seed` requests/s; `measure(rate)` runs one open-loop measurement. Stops after `max_runs`
     runs, or when `out_of_time(run_cost_s)` says the next run would not fit; `bounded` says whether a failed rung lies
     right above the capacity. After a rate that was not held, `drain(seconds)` lets the server work off its queue."""
-    levels: dict[int, RateLevel] = {}
-    retaken: set[int] = set()
+    levels: dict[int, RateLevel] = {}  # per rung, the run that stands for it (of its majority)
+    votes: dict[int, list[bool]] = {}  # per rung, held or not, run by run
     runs = 0
     k = rung_of(max(seed, LOWEST_RATE))
-    while runs < max_runs and k not in levels and rung(k) >= LOWEST_RATE and not (levels and out_of_time(run_cost_s)):
+    while runs < max_runs and rung(k) >= LOWEST_RATE and not (runs and out_of_time(run_cost_s)):
         level = measure(rung(k)).judge(latency_budget_ms, percentile)
-        levels[k] = level
         runs += 1
+        votes.setdefault(k, []).append(level.held)
+        held_k = 2 * sum(votes[k]) > len(votes[k])
+        if level.held == held_k:  # a tie keeps the failed run
+            levels[k] = level
         if wait := drain_s(level, run_cost_s):
             drain(wait)
         held = [j for j, lv in levels.items() if lv.held]
         failed = [j for j, lv in levels.items() if not lv.held]
         top = max((j for j in held if not failed or j < min(failed)), default=None)
         if failed and top is not None and min(failed) == top + 1:
-            if top + 1 in retaken or not out_of_line(levels, top + 1, percentile):
+            if not undecided(levels, votes, top + 1, percentile):
                 break  # bracketed: held, and the rung above not
-            retaken.add(top + 1)
             k = top + 1
-            del levels[k]  # measured again; the next run at it stands
             continue
-        if level.held:
-            fast = latency_budget_ms is not None and level.latency(percentile) < FAST_CLIMB * latency_budget_ms
+        if levels[k].held:
+            fast = latency_budget_ms is not None and levels[k].latency(percentile) < FAST_CLIMB * latency_budget_ms
             k = k + (2 if fast and not failed else 1)
             if failed and k >= min(failed):
                 k = min(failed) - 1 if min(failed) - 1 not in levels else top + 1
@@ -93,7 +96,19 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
             k = k - 1
         while k in levels and levels[k].held and (k + 1) not in levels:
             k += 1
+        if k in levels:
+            break
     return capacity_of(levels, latency_budget_ms, percentile, arrivals, runs)
+
+
+def undecided(levels: dict[int, RateLevel], votes: dict[int, list[bool]], j: int, percentile: int) -> bool:
+    """Whether failed rung j, right above the capacity, needs another run: one failure, unless the server fell far behind
+    at a rate no slower than the rungs above; or one of each."""
+    tally = votes[j]
+    if len(tally) == 1:
+        far_behind = levels[j].throughput < 0.9 * levels[j].offered
+        return not far_behind or out_of_line(levels, j, percentile)
+    return len(tally) == 2 and tally[0] != tally[1]
 
 
 def out_of_line(levels: dict[int, RateLevel], j: int, percentile: int) -> bool:
