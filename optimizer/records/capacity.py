@@ -95,7 +95,7 @@ class Capacity:
         target = f"p{self.percentile} <= {self.latency_budget_ms:g} ms" if self.latency_budget_ms is not None else "no latency target"
         if self.rate_per_s is None:
             low = min((lv.offered for lv in self.curve), default=0.0)
-            return f"no rate held (open-loop, {arrivals_label(self.arrivals)}, {target}): not even {low:g}/s"
+            return f"no rate held (open-loop, {arrivals_label(self.arrivals)}, {target}): not even {round(low, 1):g}/s"
         more = "" if self.bounded else " (at least: no higher rate was measured)"
         return (f"{self.rate_per_s:g} requests/s held{more} (open-loop, {arrivals_label(self.arrivals)}, {target}; "
                 f"{self.runs} perf_analyzer runs)")
