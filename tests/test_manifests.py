@@ -267,6 +267,21 @@ def test_the_export_records_the_manifest_and_the_report_links_it(tmp_path: Path)
     assert f"KServe manifest: `{published.kserve_manifest}`" in md
 
 
+def test_a_positional_model_behind_an_ensemble_is_served_under_the_public_name_and_loaded_first(tmp_path: Path):
+    """A torch-aoti export: the public folder holds the ensemble, the positional model beside it does the work (its
+    config is the one the export records). The manifest loads both and sizes the pod from the positional model."""
+    inner = _publish(tmp_path / "repo", "tx__positional")
+    (tmp_path / "repo" / "tx" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "tx" / "config.pbtxt").write_text('name: "tx"\nplatform: "ensemble"\n')
+    published = Published(tmp_path / "repo" / "tx", 1, False, [1], config=inner.config, composing=["tx__positional"])
+    record_manifests(tmp_path / "report", published)
+    assert published.kserve_manifest is not None
+    model = yaml.safe_load(Path(published.kserve_manifest).read_text())["spec"]["predictor"]["model"]
+    assert model["args"] == ["--model-control-mode=explicit", "--load-model=tx__positional", "--load-model=tx"]
+    group, threads = inner.config["instance_group"], int(inner.config["parameters"]["intra_op_thread_count"])
+    assert model["resources"]["limits"]["cpu"] == str(group["count"] * threads)
+
+
 def test_a_manifest_that_cannot_be_written_does_not_stop_the_export(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     published = _publish(tmp_path / "repo", "cnn")
     (tmp_path / "report").write_text("a file where the report folder should be")

@@ -237,9 +237,11 @@ def autoscaling(capacity: Mapping[str, Any] | None) -> tuple[dict[str, Any], lis
 
 
 def inference_service(repository: str | Path, model_name: str, config: Mapping[str, Any], release: str | None = None, *,
-                      cores: int | None = None, namespace: str | None = None, capacity: Mapping[str, Any] | None = None) -> Manifest:
+                      cores: int | None = None, namespace: str | None = None, capacity: Mapping[str, Any] | None = None,
+                      composing: Sequence[str] = ()) -> Manifest:
     """The InferenceService that serves `model_name` from the repository root `repository` (a local folder or an
-    object-storage URI) with KServe's Triton runtime at `release` (None: DEFAULT_RELEASE).
+    object-storage URI) with KServe's Triton runtime at `release` (None: DEFAULT_RELEASE). `composing`: the models
+    behind it (the positional model behind an ensemble), loaded first; `config` is then the one that does the work.
 
     Raises PublishError for the two mistakes (see the module docstring) and SettingsError for a release not YY.MM.
     `cores` (None: this machine's) counts only for a CPU model whose config sets no thread count. `model_name` is a
@@ -272,7 +274,7 @@ def inference_service(repository: str | Path, model_name: str, config: Mapping[s
             "protocolVersion": "v2",
             "runtimeVersion": version,
             "storageUri": storage.uri,
-            "args": ["--model-control-mode=explicit", f"--load-model={model_name}"],
+            "args": ["--model-control-mode=explicit", *(f"--load-model={m}" for m in composing), f"--load-model={model_name}"],
             "resources": resources,
         }}},
     }
@@ -281,7 +283,8 @@ def inference_service(repository: str | Path, model_name: str, config: Mapping[s
     comments = [
         f"KServe InferenceService {service!r} serving the Triton model {model_name!r}; written by aitune-export.",
         f"storageUri is the repository root (the folder that holds {model_name}/config.pbtxt), never the model folder.",
-        f"Clients call <the service's URL>/v2/models/{model_name}/infer: the model's folder name; the server loads only it.",
+        f"Clients call <the service's URL>/v2/models/{model_name}/infer: the model's folder name; the server loads only it"
+        + (f" and the model(s) behind it ({', '.join(composing)})." if composing else "."),
         f"runtimeVersion {version}: the tritonserver image of Triton {release or default_release()} (the release the model was built for).",
         f"Resources: {why}. Memory is left to KServe's default (2Gi unless your cluster sets another): raise it for a large model.",
     ]
@@ -369,11 +372,16 @@ def write_manifest(path: Path, manifest: Manifest) -> Path:
 
 
 def write_manifests(report_dir: Path, model_dir: str | Path, config: Mapping[str, Any], release: str | None = None, *,
-                    cores: int | None = None, capacity: Mapping[str, Any] | None = None) -> Path:
+                    cores: int | None = None, capacity: Mapping[str, Any] | None = None, composing: Sequence[str] = ()) -> Path:
     """Write <report_dir>/kserve/inferenceservice.yaml for the model published in `model_dir` (its folder: the
-    repository root and the model name are both taken from it, so they cannot disagree); returns the path."""
+    repository root and the model name are both taken from it, so they cannot disagree); returns the path. When
+    `config` is that of a model in `composing` (the positional model behind the public ensemble: its instances and
+    threads size the pod), the public model is served under its own name with them."""
     repository, name = split_model_dir(model_dir)
-    manifest = inference_service(repository, name, config, release, cores=cores, capacity=capacity)
+    composing = [m for m in composing if m != name]
+    if config.get("name") in composing:
+        config = {**config, "name": name}
+    manifest = inference_service(repository, name, config, release, cores=cores, capacity=capacity, composing=composing)
     path = write_manifest(Path(report_dir) / KSERVE_DIR / INFERENCE_SERVICE_FILE, manifest)
     if manifest.needs_edit:
         log.info("%s | KServe manifest %s: replace %s with the volume that holds the repository before applying it", name, path, PVC_PLACEHOLDER)
@@ -385,6 +393,7 @@ def record_manifests(report_dir: Path, published: Published, release: str | None
     is logged and the export goes on (published.kserve_manifest stays None)."""
     try:
         capacity = (published.served_search or {}).get("capacity")
-        published.kserve_manifest = str(write_manifests(report_dir, published.model_dir, published.config or {}, release, capacity=capacity))
+        published.kserve_manifest = str(write_manifests(report_dir, published.model_dir, published.config or {}, release, capacity=capacity,
+                                                        composing=published.composing))
     except (OptimizerError, OSError) as err:
         log.warning("no KServe manifest was written: %s", err)
