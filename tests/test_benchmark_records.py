@@ -97,6 +97,6 @@ def test_every_benchmark_writes_its_record(name: str):
 
 def test_the_benchmark_list_is_complete():
     """A benchmark that prints a machine-readable line is in RECORDING; the libraries beside them are not benchmarks."""
-    libraries = {"results", "served_lab", "precision_models", "traffic_models"}
+    libraries = {"results", "served_lab", "precision_models", "traffic_models", "model_analyzer_run"}
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - libraries
     assert scripts == set(RECORDING)
