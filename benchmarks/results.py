@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -61,7 +62,7 @@ def machine() -> dict[str, Any]:
 def write_result(name: str, record: dict[str, Any], directory: Path = RESULTS) -> Path:
     """Write benchmarks/results/NAME.json: `record` with the machine, the date (UTC) and the command, atomically."""
     doc = {"benchmark": name, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-           "command": " ".join(["python", *sys.argv]), **record}
+           "command": shlex.join(["python", *sys.argv]), **record}
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=directory, prefix=f".{name}.", suffix=".json", delete=False) as tmp:
         json.dump(doc, tmp, indent=1, default=str)
