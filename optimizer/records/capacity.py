@@ -84,6 +84,15 @@ class Capacity:
         return max(1, math.ceil(self.target_rate / (self.rate_per_s * (1 - (self.headroom or 0.0))) - 1e-9))
 
     @property
+    def held_level(self) -> RateLevel | None:
+        """The run at the capacity's rate. perf_analyzer reports what it offered (1220.003/s for the rung 1220/s), and
+        rungs lie 19% apart, so the nearest run within 1% is that rung's."""
+        if not self.rate_per_s:
+            return None
+        near = min(self.curve, key=lambda lv: abs(lv.offered - self.rate_per_s), default=None)
+        return near if near is not None and abs(near.offered - self.rate_per_s) <= 0.01 * self.rate_per_s else None
+
+    @property
     def per_replica_target(self) -> float | None:
         """The rate each replica is planned at (capacity less the headroom): an autoscaler's target."""
         if not self.rate_per_s:

@@ -192,6 +192,5 @@ def _beats(cap: Capacity, lead: Capacity | None, percentile: int) -> bool:
         return False
     if cap.rate_per_s > lead.rate_per_s:
         return True
-    mine = next((lv for lv in cap.curve if lv.offered == cap.rate_per_s), None)
-    theirs = next((lv for lv in lead.curve if lv.offered == lead.rate_per_s), None)
+    mine, theirs = cap.held_level, lead.held_level
     return mine is not None and theirs is not None and mine.latency(percentile) < theirs.latency(percentile)
