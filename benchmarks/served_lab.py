@@ -26,13 +26,12 @@ from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedSea
 from optimizer.records.tune_result import TuneResult  # noqa: E402
 from optimizer.settings import ExportSettings  # noqa: E402
 from optimizer.triton.config.front import front_step  # noqa: E402
-from optimizer.triton.config.spec import config_signature  # noqa: E402
 from optimizer.triton.runtime.local_serving import local_config, needs_translation  # noqa: E402
 from optimizer.triton.runtime.perf_analyzer import find_perf_analyzer  # noqa: E402
 from optimizer.triton.runtime.perf_analyzer_input import write_input_data  # noqa: E402
 from optimizer.triton.repository.publish import PublishOptions, prepare_config  # noqa: E402
 from optimizer.triton.measure.served_search.loader import VariantLoader, private_name  # noqa: E402
-from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, Bench, measure_level, warm_up  # noqa: E402
+from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, Bench, in_config_names, measure_level, warm_up  # noqa: E402
 from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
 from optimizer.triton.measure.served_search.run import LOAD_GROUP  # noqa: E402
 from optimizer.triton.measure.served_search.search import request_mix  # noqa: E402
@@ -232,9 +231,7 @@ class Lab:
         traffic = load_traffic(self.traffic, sig)
         if padding:
             traffic = traffic.padded(sig, list(padding["edges"]))
-        _, renamed = config_signature(self.export.result.selected_candidate.artifact)
-        back = {original: config_name for config_name, original in renamed.items()}  # a positional backend's INPUT__<i>
-        feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in traffic.sent()]
+        feeds = in_config_names(self.export.result, traffic.sent())
         path = write_input_data(self.workdir / f"traffic_input{'_padded' if padding else ''}.json", feeds, sig.batching)
         return path, f"{self.traffic.name}{' padded' if padding else ''} ({len(feeds)} requests)", feeds
 

@@ -211,15 +211,22 @@ def mean_level(levels: list[LoadLevel]) -> LoadLevel:
                      others_busy=max(others) if others else None)
 
 
+def in_config_names(result: TuneResult, feeds: list[dict]) -> list[dict]:
+    """Requests keyed by forward() names, keyed by the config's tensor names instead (a positional backend's INPUT__<i>)."""
+    _, renamed = config_signature(result.selected_candidate.artifact)
+    back = {original: config_name for config_name, original in renamed.items()}
+    return [{back.get(k, k): v for k, v in feed.items()} for feed in feeds]
+
+
 def request_mix(result: TuneResult, workdir: Path, public_names: bool = False, padding: dict | None = None,
                 name: str = "perf_analyzer_input.json") -> tuple[Path, str, list[dict]]:
     """perf_analyzer's input: the run's traffic (model/traffic.py), each request with its own shape, in their ratios
     (padded to `padding`'s bucket edges when given), in the config's tensor names (or, through an ensemble front, the
     forward() names clients send); the words for the report; and the same requests as arrays for the warm-ups."""
     feeds, words = traffic_requests(result, padding)
-    sig, renamed = config_signature(result.selected_candidate.artifact)
-    back = {} if public_names else {original: config_name for config_name, original in renamed.items()}
-    feeds = [{back.get(k, k): v for k, v in feed.items()} for feed in feeds]
+    sig, _ = config_signature(result.selected_candidate.artifact)
+    if not public_names:
+        feeds = in_config_names(result, feeds)
     path = write_input_data(workdir / name, feeds, sig.batching)
     if sig.batching:
         # a per-sample scalar ([batch] here) is sent as [1, 1]: its config says dims [1] with an empty reshape
