@@ -8,7 +8,8 @@ export with `--rate max --latency-budget-ms B`, then in one local tritonserver u
 - a same-backend grid (max_batch_size 1 / 4 / 16 x queue delay 0 / 2000 us x the instance layouts), each point's capacity
   at B once (the same capacity search as the export: rates on one grid, Poisson arrivals);
 - the emitted config and the grid's best in paired rounds (emitted, best, best, emitted, ...), each round a capacity
-  search of each: the ratio of capacities with its 90% interval, and emitted against the report's claim.
+  search of each, refined to the half rung as the export refines its claim: the ratio of capacities with its 90%
+  interval, and emitted against the report's claim.
 
 With --model-analyzer, Model Analyzer's own request-rate search (request_rate_search_enable, Poisson arrivals, the
 budget as its p95 constraint, bounded as the grid; benchmarks/model_analyzer_run.py) runs first and alone on the same
@@ -45,7 +46,7 @@ from traffic_models import BERT_VOCAB, has_transformers, write_traffic  # noqa: 
 from optimizer.machine import cpu_cores  # noqa: E402
 from optimizer.records.capacity import Capacity  # noqa: E402
 from optimizer.records.served_search import OperatingPoint  # noqa: E402
-from optimizer.triton.measure.capacity import find_capacity  # noqa: E402
+from optimizer.triton.measure.capacity import find_capacity, refine  # noqa: E402
 from optimizer.triton.measure.served_search.measure import WARMUP_PER_SLOT, warm_up  # noqa: E402
 from optimizer.triton.measure.served_search.objective import Objective  # noqa: E402
 
@@ -149,7 +150,7 @@ def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work:
         ma_caps: list[float] = []
         for r in range(rounds):
             order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]  # each goes first in turn
-            got = {v.label: _capacity(lab, v, budget, seed) for v in order}
+            got = {v.label: _capacity(lab, v, budget, seed, refined=True) for v in order}
             e, b = got["emitted"], got["best"]
             pairs.append((e.rate_per_s or 0.0, b.rate_per_s or 0.0))
             if picked is not None:
@@ -173,8 +174,9 @@ def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work:
     return out
 
 
-def _capacity(lab: Lab, v: Variant, budget: float, seed: float) -> Capacity | None:
-    """One config's capacity at the budget, loaded alone under a private name (the export's own capacity search)."""
+def _capacity(lab: Lab, v: Variant, budget: float, seed: float, refined: bool = False) -> Capacity | None:
+    """One config's capacity at the budget, loaded alone under a private name (the export's own capacity search);
+    `refined`: to the half rung, as the export refines its claim (the grid pass ranks on whole rungs, as its finalists)."""
     if v.reason:
         return None
     names = lab._names([v])
@@ -186,6 +188,8 @@ def _capacity(lab: Lab, v: Variant, budget: float, seed: float) -> Capacity | No
     try:
         warm_up(bench, name, 4, 4 * WARMUP_PER_SLOT)
         cap = find_capacity(lambda rate: bench.measure_rate(name, rate), budget, 95, "poisson", seed, run_cost_s=7.5)
+        if refined:
+            cap = refine(lambda rate: bench.measure_rate(name, rate), cap, run_cost_s=7.5)
     finally:
         lab.loader.unload(list(names))
     print(f"  {v.label:<44} {cap.describe()}", flush=True)

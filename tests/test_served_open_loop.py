@@ -15,7 +15,7 @@ from optimizer.errors import SettingsError
 from optimizer.records.capacity import Capacity, RateLevel
 from optimizer.records.served_search import LoadLevel, OperatingPoint
 from optimizer.settings import ExportSettings
-from optimizer.triton.measure.capacity import find_capacity, rung, rung_of
+from optimizer.triton.measure.capacity import find_capacity, refine, rung, rung_of
 from optimizer.triton.measure.served_search import SearchRequest
 from optimizer.triton.runtime.perf_analyzer_rate import arrival_gaps_us, mean_rate, parse_rate_csv, trace_gaps_us
 from test_served_search import _Bench, _Rig, _run
@@ -97,6 +97,48 @@ def test_a_rate_the_server_fell_far_behind_on_bounds_the_capacity_without_anothe
 
     cap = find_capacity(measure, 20.0, 95, "poisson", 1220.0, drain=lambda s: None)
     assert cap.rate_per_s == rung(rung_of(1220)) and len(calls) == len(set(calls))
+
+
+@pytest.mark.parametrize("capacity", [47.0, 1300.0, 1400.0, 1900.0])
+def test_the_claim_is_refined_to_the_half_rung_so_it_lies_within_9_percent_of_what_the_config_holds(capacity):
+    """The grid brackets a capacity within 19%; the half rung between the highest rate held and the failure above it,
+    measured by the same rules, brings the claim within 9% (from below: a claim is never above what was held)."""
+    calls: list[float] = []
+    measure = server_holding(capacity, calls)
+    coarse = find_capacity(measure, 20.0, 95, "poisson", capacity, max_runs=8, drain=lambda s: None)
+    searched = len(calls)
+    fine = refine(measure, coarse, drain=lambda s: None)
+    half = rung(rung_of(coarse.rate_per_s) + 0.5)
+    assert calls[searched:] == [half] * (1 if half <= capacity else 2)  # held at once; a failure confirmed
+    assert fine.rate_per_s <= capacity < fine.rate_per_s * 2 ** 0.125 * 1.01
+    assert fine.rate_per_s == (half if half <= capacity else coarse.rate_per_s) and fine.bounded
+    assert fine.runs == len(calls) and [lv.offered for lv in fine.curve] == sorted(lv.offered for lv in fine.curve)
+    assert refine(measure, fine, drain=lambda s: None) is fine  # a refined claim is not refined again
+
+
+def test_a_half_rung_that_fails_once_near_the_edge_is_taken_by_the_majority_of_its_runs():
+    """The half rung 1330/s goes fail, hold, hold (a coin near saturation): the claim is 1330/s on three runs there."""
+    outcomes = [False, True, True]
+
+    def measure(offered: float) -> RateLevel:
+        held = outcomes.pop(0)
+        return rate_level(offered, offered, 12.0 if held else 30.0)
+
+    coarse = Capacity(1220.0, 20.0, 95, "poisson", 4, [rate_level(1220.0, 1220.0, 12.0).judge(20.0, 95),
+                                                      rate_level(1450.0, 1450.0, 30.0).judge(20.0, 95)])
+    fine = refine(measure, coarse, drain=lambda s: None)
+    assert fine.rate_per_s == 1330.0 and fine.runs == 7 and not outcomes
+    assert [lv.offered for lv in fine.curve] == [1220.0, 1330.0, 1450.0] and fine.curve[1].held
+
+
+def test_an_unbounded_capacity_or_none_at_all_is_not_refined():
+    unbounded = Capacity(1220.0, 20.0, 95, "poisson", 3, [rate_level(1220.0, 1220.0, 12.0)], bounded=False)
+    none_held = Capacity(None, 20.0, 95, "poisson", 2, [rate_level(3.0, 1.0, 90.0)])
+
+    def measure(offered: float) -> RateLevel:
+        raise AssertionError("nothing to refine, nothing to measure")
+
+    assert refine(measure, unbounded) is unbounded and refine(measure, none_held) is none_held
 
 
 def test_equal_capacities_go_to_the_lower_latency_at_the_rate_perf_analyzer_offered():
@@ -227,9 +269,12 @@ def test_with_a_rate_and_a_budget_the_config_that_holds_the_most_open_loop_is_pu
     assert search.objective == "rate" and "open-loop" in search.load
     assert search.chosen.max_batch_size > 1 and search.chosen.queue_delay_us > 0  # not the closed-loop best (max 1)
     cap = search.capacity
-    assert cap["rate_per_s"] <= 400.0 < cap["rate_per_s"] * 1.2 and cap["latency_budget_ms"] == 20.0 and cap["arrivals"] == "poisson"
+    assert cap["rate_per_s"] <= 400.0 < cap["rate_per_s"] * 2 ** 0.125 * 1.01  # the claim refined to the half rung: within 9%
+    assert cap["latency_budget_ms"] == 20.0 and cap["arrivals"] == "poisson"
     assert len(search.open_loop) >= 2 and any(OperatingPoint.from_json(f["point"]).max_batch_size == 1 for f in search.open_loop)
-    assert all(offered == rung(rung_of(offered)) for _, offered in rates)  # every finalist on the same grid
+    off_grid = [(p, offered) for p, offered in rates if offered != rung(rung_of(offered))]
+    assert off_grid and {p for p, _ in off_grid} == {search.chosen}  # finalists compare on one grid; only the claim is refined
+    assert all(offered == rung(rung_of(offered, down=True) + 0.5) for _, offered in off_grid)
 
 
 def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):
@@ -241,7 +286,7 @@ def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):
 def test_a_budget_alone_keeps_the_closed_loop_choice_and_states_its_capacity(monkeypatch, tmp_path: Path):
     search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, latency_budget_ms=20.0))
     assert search.objective == "latency" and search.chosen.max_batch_size == 1
-    assert search.capacity["rate_per_s"] <= 300.0 < search.capacity["rate_per_s"] * 1.2
+    assert search.capacity["rate_per_s"] <= 300.0 < search.capacity["rate_per_s"] * 2 ** 0.125 * 1.01
     assert {p for p, _ in rates} == {search.chosen}
 
 

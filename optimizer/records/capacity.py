@@ -86,7 +86,7 @@ class Capacity:
     @property
     def held_level(self) -> RateLevel | None:
         """The run at the capacity's rate. perf_analyzer reports what it offered (1220.003/s for the rung 1220/s), and
-        rungs lie 19% apart, so the nearest run within 1% is that rung's."""
+        rates measured lie at least 9% apart (a rung and its half rung), so the nearest run within 1% is that rate's."""
         if not self.rate_per_s:
             return None
         near = min(self.curve, key=lambda lv: abs(lv.offered - self.rate_per_s), default=None)

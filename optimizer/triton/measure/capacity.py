@@ -8,7 +8,9 @@ sends the search straight to the rung below what it did serve. One run near satu
 (a queue that a burst starts may or may not drain within the windows), so the failed rung that would bound the capacity
 is measured again and bounds it only when most of its runs (two of two, or two of three) fail; one that the server fell
 far behind on bounds it at once, unless it measured slower than a rung above it did (latency only grows with the rate,
-so that was a disturbance: another process, a stall). The served search and validate share it.
+so that was a disturbance: another process, a stall). Configs compare rung for rung; the published config's claim is then
+refined to the half rung between its capacity and the failure above it (`refine`), so the figure a fleet is sized from
+lies within 9% of what the config holds rather than 19%. The served search and validate share it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import math
 import time
 from typing import Callable
+
+from dataclasses import replace
 
 from optimizer.records.capacity import Capacity, RateLevel
 
@@ -45,8 +49,13 @@ def drain_s(level: RateLevel, run_s: float) -> float:
     return min(MAX_DRAIN_S, max(backlog, level.p99_ms / 1000.0))
 
 
-def rung(k: int) -> float:
-    """The rate of rung `k` (k = 0 is 1 request/s), to three significant digits."""
+REFINE_RUNS = 3
+"""Runs the half rung may take: one when it is held or the server fell far behind, two or three when it fails near the
+edge (as a bounding rung, its failure counts only when most of its runs fail)."""
+
+
+def rung(k: float) -> float:
+    """The rate of rung `k` (k = 0 is 1 request/s; k + 0.5 is the half rung above k), to three significant digits."""
     value = RATE_STEP ** k
     digits = 2 - int(math.floor(math.log10(value)))
     return round(value, digits)
@@ -56,6 +65,11 @@ def rung_of(rate: float, down: bool = False) -> int:
     """The rung nearest `rate` (the one at or below it with `down`)."""
     k = math.log(max(rate, 1e-9)) / math.log(RATE_STEP)
     return math.floor(k + 1e-9) if down else round(k)
+
+
+def half_rung_of(rate: float) -> float:
+    """The rung or half rung nearest `rate` (k or k + 0.5)."""
+    return round(2 * math.log(max(rate, 1e-9)) / math.log(RATE_STEP)) / 2
 
 
 def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str, seed: float,
@@ -101,7 +115,37 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
     return capacity_of(levels, latency_budget_ms, percentile, arrivals, runs)
 
 
-def undecided(levels: dict[int, RateLevel], votes: dict[int, list[bool]], j: int, percentile: int) -> bool:
+def refine(measure: Callable[[float], RateLevel], cap: Capacity, max_runs: int = REFINE_RUNS,
+           out_of_time: Callable[[float], bool] = lambda seconds: False, run_cost_s: float = 0.0,
+           drain: Callable[[float], None] = time.sleep) -> Capacity:
+    """`cap` with its claim at the half rung above it when that is held, by the same rules as a rung: one held run holds
+    it; a failure counts only when most runs fail, at once when the server fell far behind (and was not out of line). A
+    capacity with no failure above it, or none at all, is returned as it is."""
+    if not cap.bounded or not cap.rate_per_s:
+        return cap
+    levels: dict[float, RateLevel] = {half_rung_of(lv.offered): lv for lv in cap.curve}
+    half = half_rung_of(cap.rate_per_s) + 0.5
+    if half % 1 == 0 or half in levels:  # refined already: the claim is a half rung, or its half rung was measured
+        return cap
+    budget, percentile = cap.latency_budget_ms, cap.percentile
+    votes: dict[float, list[bool]] = {half: []}
+    while len(votes[half]) < max_runs and not out_of_time(run_cost_s):
+        level = measure(rung(half)).judge(budget, percentile)
+        votes[half].append(level.held)
+        if level.held == (2 * sum(votes[half]) > len(votes[half])):  # the run that stands for the majority (a tie: failed)
+            levels[half] = level
+        if wait := drain_s(level, run_cost_s):
+            drain(wait)
+        if votes[half] == [True] or not undecided(levels, votes, half, percentile):
+            break
+    if not votes[half]:
+        return cap
+    held = half in levels and levels[half].held
+    return replace(cap, rate_per_s=rung(half) if held else cap.rate_per_s, runs=cap.runs + len(votes[half]),
+                   curve=[levels[j] for j in sorted(levels)])
+
+
+def undecided(levels: dict[float, RateLevel], votes: dict[float, list[bool]], j: float, percentile: int) -> bool:
     """Whether failed rung j, right above the capacity, needs another run: one failure, unless the server fell far behind
     at a rate no slower than the rungs above; or one of each."""
     tally = votes[j]
@@ -111,7 +155,7 @@ def undecided(levels: dict[int, RateLevel], votes: dict[int, list[bool]], j: int
     return len(tally) == 2 and tally[0] != tally[1]
 
 
-def out_of_line(levels: dict[int, RateLevel], j: int, percentile: int) -> bool:
+def out_of_line(levels: dict[float, RateLevel], j: float, percentile: int) -> bool:
     """Whether rung j was measured slower (at the percentile) than a higher rung was."""
     return any(i > j and lv.latency(percentile) < levels[j].latency(percentile) for i, lv in levels.items())
 

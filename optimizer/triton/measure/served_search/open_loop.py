@@ -6,6 +6,7 @@ absorbs the bursts of independent arrivals). Each finalist is then driven open-l
 (measure/capacity.py): with a latency budget the highest capacity wins (equal capacities: the lower percentile latency at
 that rate); with --rate R and no budget, the lowest percentile latency among those that keep up with R. With a latency
 budget alone (no rate) the choice stays closed-loop and only the published config's capacity is measured, for the report.
+Finalists compare rung for rung; the published config's claim is then refined to the half rung above it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 from optimizer.events import Event
 from optimizer.records.capacity import HELD_THROUGHPUT, Capacity, RateLevel, arrivals_label
 from optimizer.records.served_search import ServedVariant
-from optimizer.triton.measure.capacity import MAX_RATE_RUNS, drain_s, find_capacity, rung, rung_of, seed_rate
+from optimizer.triton.measure.capacity import MAX_RATE_RUNS, drain_s, find_capacity, refine, rung, rung_of, seed_rate
 from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
 
 FINALISTS = 3
@@ -28,6 +29,8 @@ EXPECTED_RUNS = 4
 planned on it)."""
 LOAD_S = 3.0
 """Loading and warming a finalist again."""
+REFINE_EXPECTED_RUNS = 2
+"""Runs the published claim's half rung usually takes (one when held, two when its failure is confirmed)."""
 
 
 def run_cost_s() -> float:
@@ -37,8 +40,10 @@ def run_cost_s() -> float:
 
 def open_loop_reserve(rate_objective: bool) -> float:
     """Seconds the closed-loop exploration leaves for this stage: two finalists under a rate objective, else the published
-    config's capacity alone (a third finalist is measured only when time is left)."""
-    return (2 if rate_objective else 1) * (EXPECTED_RUNS * run_cost_s() + LOAD_S)
+    config's capacity alone (a third finalist is measured only when time is left); then the published claim's half rung
+    (the finalist loaded again under a rate objective)."""
+    refining = REFINE_EXPECTED_RUNS * run_cost_s() + (LOAD_S if rate_objective else 0.0)
+    return (2 if rate_objective else 1) * (EXPECTED_RUNS * run_cost_s() + LOAD_S) + refining
 
 
 def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[ServedVariant]:
@@ -89,17 +94,36 @@ class OpenLoopStage:
     def arrivals(self) -> str:
         return "trace" if self.run.bench.trace_ms else self.request.arrivals
 
-    def capacity(self, v: ServedVariant, seed: float, budget: float | None = None, runs: int = MAX_RATE_RUNS) -> Capacity | None:
-        """`v`'s capacity from `seed` requests/s (None when it does not load again)."""
+    def capacity(self, v: ServedVariant, seed: float, budget: float | None = None, runs: int = MAX_RATE_RUNS,
+                 refined: bool = False) -> Capacity | None:
+        """`v`'s capacity from `seed` requests/s (None when it does not load again); `refined`: its claim to the half rung."""
         with self.run.measurer.loaded(v.point) as name:
             if name is None:
                 return None
             cap = find_capacity(self._measure(name), budget, self.pct, self.arrivals, seed, max_runs=runs,
                                 out_of_time=self._out_of_time, run_cost_s=run_cost_s(), drain=self.run.bench.drain)
+            if refined:
+                cap = self._refine(name, cap)
         cap.point, cap.window_ms, cap.windows = v.point.label, rate_window_ms(cap.rate_per_s or seed), RATE_WINDOWS
         self.capacities.append((v, cap))
         self._say(f"{v.point.label}: {cap.describe()}")
         return cap
+
+    def _refine(self, name: str, cap: Capacity) -> Capacity:
+        return refine(self._measure(name), cap, out_of_time=self._out_of_time, run_cost_s=run_cost_s(), drain=self.run.bench.drain)
+
+    def refined(self, v: ServedVariant, cap: Capacity | None) -> Capacity | None:
+        """The published config's claim refined to the half rung (loaded again), when time is left; as it was otherwise."""
+        if cap is None or not cap.bounded or self._out_of_time(run_cost_s() + LOAD_S):
+            return cap
+        with self.run.measurer.loaded(v.point) as name:
+            if name is None:
+                return cap
+            fine = self._refine(name, cap)
+        if fine is not cap:
+            self.capacities = [(u, fine if c is cap else c) for u, c in self.capacities]
+            self._say(f"{v.point.label}, the claim refined: {fine.describe()}")
+        return fine
 
     def closed_seed(self, v: ServedVariant, budget: float | None) -> float:
         return seed_rate([(lv.throughput, lv.latency(self.pct)) for lv in v.curve], budget)
@@ -111,7 +135,7 @@ class OpenLoopStage:
         if best is None:
             return
         if not self.request.rate_objective:  # a latency budget alone: the closed-loop choice stands, its capacity is stated
-            cap = self.capacity(best, self.closed_seed(best, self.budget), self.budget)
+            cap = self.capacity(best, self.closed_seed(best, self.budget), self.budget, refined=True)
             self._record(best, cap)
             return
         pool = finalists(self.run.ranked())
@@ -119,7 +143,7 @@ class OpenLoopStage:
             chosen, cap = self._highest_capacity(pool)
         else:
             chosen, cap = self._lowest_latency_at_rate(pool, self.request.rate)
-        self._record(chosen, cap)
+        self._record(chosen, self.refined(chosen, cap))
 
     def _highest_capacity(self, pool: list[ServedVariant]) -> tuple[ServedVariant, Capacity | None]:
         """Highest capacity within the budget; a challenger starts a rung above the leader's capacity (one run says whether
