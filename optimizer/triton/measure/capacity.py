@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
-
 from dataclasses import replace
+from typing import Callable
 
 from optimizer.records.capacity import Capacity, RateLevel
 
