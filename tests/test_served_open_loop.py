@@ -13,10 +13,11 @@ import pytest
 
 from optimizer.errors import SettingsError
 from optimizer.records.capacity import Capacity, RateLevel
-from optimizer.records.served_search import LoadLevel, OperatingPoint
+from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedVariant
 from optimizer.settings import ExportSettings
 from optimizer.triton.measure.capacity import find_capacity, refine, rung, rung_of
 from optimizer.triton.measure.served_search import SearchRequest
+from optimizer.triton.measure.served_search.open_loop import finalists
 from optimizer.triton.runtime.perf_analyzer_rate import arrival_gaps_us, mean_rate, parse_rate_csv, trace_gaps_us
 from test_served_search import _Bench, _Rig, _run
 
@@ -262,6 +263,21 @@ def _search(monkeypatch, tmp_path, request: SearchRequest):
     monkeypatch.setattr("test_served_search._Rig", _RateRig)
     run, search, loader, stopped = _run(monkeypatch, tmp_path, _closed, request)
     return search, rates
+
+
+def test_the_finalists_take_the_other_instance_layout_before_another_batching_of_the_same_one():
+    """Closed-loop, four clients may rank one instance with two threads first throughout; open-loop, two single-thread
+    instances serve bursts side by side. The best of the other layout is measured before a second batching of the first."""
+
+    def variant(max_batch: int, delay: int, instances: int) -> ServedVariant:
+        return ServedVariant(OperatingPoint(max_batch, (), delay, instances, 2 // instances), "coarse")
+
+    ranked = [variant(1, 0, 1), variant(1, 0, 1), variant(4, 1000, 1), variant(16, 0, 1), variant(1, 0, 2), variant(4, 0, 2)]
+    ranked[1] = variant(2, 0, 1)
+    picked = finalists(ranked)
+    assert [(v.point.max_batch_size, v.point.instances) for v in picked] == [(1, 1), (1, 2), (2, 1)]
+    assert finalists(ranked[:4]) == ranked[:3]  # one layout only: the best batching differently, then the runner-up
+    assert finalists([]) == []
 
 
 def test_with_a_rate_and_a_budget_the_config_that_holds_the_most_open_loop_is_published(monkeypatch, tmp_path: Path):

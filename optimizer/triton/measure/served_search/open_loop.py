@@ -1,8 +1,9 @@
 """The served search's open-loop stage: the finalists' capacities under independent arrivals, and the published choice.
 
 Closed-loop clients never queue more requests than there are clients, so the closed-loop ranking only picks the
-finalists: the best variant and the best one that batches differently (a queue delay that is a cost for a lone client
-absorbs the bursts of independent arrivals). Each finalist is then driven open-loop at rates on one grid
+finalists: the best variant, the best with another instance layout (requests side by side, or one at a time with more
+threads) and the best that batches differently (a queue delay that is a cost for a lone client absorbs the bursts of
+independent arrivals). Each finalist is then driven open-loop at rates on one grid
 (measure/capacity.py): with a latency budget the highest capacity wins (equal capacities: the lower percentile latency at
 that rate); with --rate R and no budget, the lowest percentile latency among those that keep up with R. With a latency
 budget alone (no rate) the choice stays closed-loop and only the published config's capacity is measured, for the report.
@@ -21,7 +22,8 @@ from optimizer.triton.measure.capacity import MAX_RATE_RUNS, drain_s, find_capac
 from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
 
 FINALISTS = 3
-"""Variants measured open-loop at most: the closed-loop best, the best that batches differently, the runner-up."""
+"""Variants measured open-loop at most: the closed-loop best, the best with another instance layout, the best that batches
+differently."""
 RUN_OVERHEAD_S = 1.5
 """perf_analyzer's start and exit around an open-loop run's windows."""
 EXPECTED_RUNS = 4
@@ -47,17 +49,24 @@ def open_loop_reserve(rate_objective: bool) -> float:
 
 
 def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[ServedVariant]:
-    """The closed-loop best, then the best variant that batches differently (a delay or a max where the best has none, or
-    the other way round), then the next best."""
+    """The closed-loop best, then the best with another instance layout (N waiting clients never have more than N requests
+    in flight, so whether requests run side by side or one at a time with more threads shows under independent arrivals),
+    then the best that batches differently (a delay or a max where the best has none, or the other way round), then the
+    next best."""
     if not ranked:
         return []
     first = ranked[0]
 
-    def kind(v: ServedVariant) -> tuple[bool, bool]:
+    def layout(v: ServedVariant) -> tuple[int, int | None]:
+        return v.point.instances, v.point.threads
+
+    def batching(v: ServedVariant) -> tuple[bool, bool]:
         return v.point.max_batch_size > 1, v.point.queue_delay_us > 0
 
-    other = next((v for v in ranked[1:] if kind(v) != kind(first)), None)
-    picked = [first, *([other] if other is not None else [])]
+    picked = [first]
+    for differs in (lambda v: layout(v) != layout(first), lambda v: batching(v) != batching(first)):
+        other = next((v for v in ranked[1:] if differs(v) and v not in picked), None)
+        picked += [other] if other is not None else []
     picked += [v for v in ranked[1:] if v not in picked]
     return picked[:count]
 
