@@ -100,6 +100,21 @@ def test_a_rate_the_server_fell_far_behind_on_bounds_the_capacity_without_anothe
     assert cap.rate_per_s == rung(rung_of(1220)) and len(calls) == len(set(calls))
 
 
+@pytest.mark.parametrize("holds", [304.0, 600.0, 1000.0])
+def test_a_challenger_stops_once_it_fails_the_leaders_capacity(holds):
+    """A challenger starts a rung above the leader's capacity (609/s); one that fails there and at 609/s (or that the
+    server fell far behind on, above it) cannot win, so its search stops instead of stepping down to what it does hold.
+    One that holds more is searched to its capacity."""
+    calls: list[float] = []
+    lead = rung(rung_of(609.0))
+    cap = find_capacity(server_holding(holds, calls), 20.0, 95, "poisson", rung(rung_of(lead) + 1), drain=lambda s: None, floor=lead)
+    if holds < lead:
+        assert calls == [rung(rung_of(lead) + 1), lead][:1 if holds < 0.9 * lead else 2] and cap.rate_per_s is None
+    else:
+        assert cap.rate_per_s is not None and cap.rate_per_s <= holds < cap.rate_per_s * 2 ** 0.25 * 1.01
+        assert min(calls) >= lead
+
+
 @pytest.mark.parametrize("capacity", [47.0, 1300.0, 1400.0, 1900.0])
 def test_the_claim_is_refined_to_the_half_rung_so_it_lies_within_9_percent_of_what_the_config_holds(capacity):
     """The grid brackets a capacity within 19%; the half rung between the highest rate held and the failure above it,

@@ -73,10 +73,12 @@ def half_rung_of(rate: float) -> float:
 
 def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str, seed: float,
                   max_runs: int = MAX_RATE_RUNS, out_of_time: Callable[[float], bool] = lambda seconds: False,
-                  run_cost_s: float = 0.0, drain: Callable[[float], None] = time.sleep) -> Capacity:
+                  run_cost_s: float = 0.0, drain: Callable[[float], None] = time.sleep, floor: float | None = None) -> Capacity:
     """Search the capacity from `seed` requests/s; `measure(rate)` runs one open-loop measurement. Stops after `max_runs`
-    runs, or when `out_of_time(run_cost_s)` says the next run would not fit; `bounded` says whether a failed rung lies
-    right above the capacity. After a rate that was not held, `drain(seconds)` lets the server work off its queue."""
+    runs, or when `out_of_time(run_cost_s)` says the next run would not fit, or when the next rate would lie below
+    `floor` (a challenger that fails the leader's capacity cannot beat it: where it lies below is not worth the runs);
+    `bounded` says whether a failed rung lies right above the capacity. After a rate that was not held, `drain(seconds)`
+    lets the server work off its queue."""
     levels: dict[int, RateLevel] = {}  # per rung, the run that stands for it (of its majority)
     votes: dict[int, list[bool]] = {}  # per rung, held or not, run by run
     runs = 0
@@ -109,7 +111,7 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
             k = k - 1
         while k in levels and levels[k].held and (k + 1) not in levels:
             k += 1
-        if k in levels:
+        if k in levels or (floor is not None and k < rung_of(floor)):
             break
     return capacity_of(levels, latency_budget_ms, percentile, arrivals, runs)
 

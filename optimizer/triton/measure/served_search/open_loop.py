@@ -29,6 +29,9 @@ RUN_OVERHEAD_S = 1.5
 EXPECTED_RUNS = 4
 """Runs a finalist's capacity usually takes from its closed-loop seed, its bounding failure confirmed (the reserve is
 planned on it)."""
+CHALLENGER_RUNS = 2
+"""Runs a challenger that loses usually takes: a rung above the leader's capacity, then the leader's own (the search stops
+below it)."""
 LOAD_S = 3.0
 """Loading and warming a finalist again."""
 REFINE_EXPECTED_RUNS = 2
@@ -41,11 +44,13 @@ def run_cost_s() -> float:
 
 
 def open_loop_reserve(rate_objective: bool) -> float:
-    """Seconds the closed-loop exploration leaves for this stage: two finalists under a rate objective, else the published
-    config's capacity alone (a third finalist is measured only when time is left); then the published claim's half rung
-    (the finalist loaded again under a rate objective)."""
-    refining = REFINE_EXPECTED_RUNS * run_cost_s() + (LOAD_S if rate_objective else 0.0)
-    return (2 if rate_objective else 1) * (EXPECTED_RUNS * run_cost_s() + LOAD_S) + refining
+    """Seconds the closed-loop exploration leaves for this stage: the published config's capacity, under a rate objective a
+    challenger besides (another is measured only when time is left), then the published claim's half rung (the finalist
+    loaded again under a rate objective). Closed-loop time picks the finalists: a reserve that leaves the pass one or
+    two variants leaves it no other layout to offer."""
+    if not rate_objective:
+        return EXPECTED_RUNS * run_cost_s() + LOAD_S + REFINE_EXPECTED_RUNS * run_cost_s()
+    return (EXPECTED_RUNS + CHALLENGER_RUNS + REFINE_EXPECTED_RUNS) * run_cost_s() + 3 * LOAD_S
 
 
 def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[ServedVariant]:
@@ -104,13 +109,14 @@ class OpenLoopStage:
         return "trace" if self.run.bench.trace_ms else self.request.arrivals
 
     def capacity(self, v: ServedVariant, seed: float, budget: float | None = None, runs: int = MAX_RATE_RUNS,
-                 refined: bool = False) -> Capacity | None:
-        """`v`'s capacity from `seed` requests/s (None when it does not load again); `refined`: its claim to the half rung."""
+                 refined: bool = False, floor: float | None = None) -> Capacity | None:
+        """`v`'s capacity from `seed` requests/s (None when it does not load again); `refined`: its claim to the half rung;
+        `floor`: a challenger's search stops below the leader's capacity."""
         with self.run.measurer.loaded(v.point) as name:
             if name is None:
                 return None
             cap = find_capacity(self._measure(name), budget, self.pct, self.arrivals, seed, max_runs=runs,
-                                out_of_time=self._out_of_time, run_cost_s=run_cost_s(), drain=self.run.bench.drain)
+                                out_of_time=self._out_of_time, run_cost_s=run_cost_s(), drain=self.run.bench.drain, floor=floor)
             if refined:
                 cap = self._refine(name, cap)
         cap.point, cap.window_ms, cap.windows = v.point.label, rate_window_ms(cap.rate_per_s or seed), RATE_WINDOWS
@@ -156,14 +162,17 @@ class OpenLoopStage:
 
     def _highest_capacity(self, pool: list[ServedVariant]) -> tuple[ServedVariant, Capacity | None]:
         """Highest capacity within the budget; a challenger starts a rung above the leader's capacity (one run says whether
-        it can win), and equal capacities go to the lower percentile latency at that rate."""
+        it can win) and stops once it fails the leader's, and equal capacities go to the lower percentile latency at that
+        rate."""
         leader, lead = pool[0], self.capacity(pool[0], self.closed_seed(pool[0], self.budget), self.budget)
         for k, v in enumerate(pool[1:], start=1):
-            need = (EXPECTED_RUNS if k == 1 else 2) * run_cost_s() + LOAD_S
-            if self._out_of_time(need if k > 1 else run_cost_s() + LOAD_S):
+            if self._out_of_time((CHALLENGER_RUNS if k > 1 else 1) * run_cost_s() + LOAD_S):
                 break
-            seed = rung(rung_of(lead.rate_per_s) + 1) if lead is not None and lead.rate_per_s else self.closed_seed(v, self.budget)
-            cap = self.capacity(v, seed, self.budget)
+            if lead is not None and lead.rate_per_s:
+                seed, floor = rung(rung_of(lead.rate_per_s) + 1), lead.rate_per_s
+            else:
+                seed, floor = self.closed_seed(v, self.budget), None
+            cap = self.capacity(v, seed, self.budget, floor=floor)
             if cap is not None and _beats(cap, lead, self.pct):
                 leader, lead = v, cap
         return leader, lead
