@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,8 @@ from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedVar
 from optimizer.settings import ExportSettings
 from optimizer.triton.measure.capacity import find_capacity, refine, rung, rung_of
 from optimizer.triton.measure.served_search import SearchRequest
-from optimizer.triton.measure.served_search.open_loop import finalists
+from optimizer.triton.measure.served_search.open_loop import OpenLoopStage, finalists
+from optimizer.triton.measure.served_search.points import SearchSpace
 from optimizer.triton.runtime.perf_analyzer_rate import arrival_gaps_us, mean_rate, parse_rate_csv, trace_gaps_us
 from test_served_search import _Bench, _Rig, _run
 
@@ -293,6 +295,36 @@ def test_the_finalists_take_the_other_instance_layout_before_another_batching_of
     assert [(v.point.max_batch_size, v.point.instances) for v in picked] == [(1, 1), (1, 2), (2, 1)]
     assert finalists(ranked[:4]) == ranked[:3]  # one layout only: the best batching differently, then the runner-up
     assert finalists([]) == []
+
+
+class _OneLayoutPass:
+    """A closed-loop pass that measured these variants; what the stage asks it to measure closed-loop is kept."""
+
+    def __init__(self, ranked: list[ServedVariant]) -> None:
+        self._ranked, self.spaces, self.asked = ranked, {}, []
+
+    def ranked(self) -> list[ServedVariant]:
+        return self._ranked
+
+    def measure(self, points: list[OperatingPoint], stage: str) -> list[ServedVariant]:
+        self.asked += points
+        return []
+
+
+@pytest.mark.parametrize("cores, layout, asked", [
+    (2, None, [OperatingPoint(4, (), 1000, 2, 1)]),  # the best's batcher, two single-thread instances
+    (8, None, [OperatingPoint(4, (), 1000, 8, 1)]),  # the layout farthest from one 8-thread instance
+    (2, (1, 2), []),  # beside other processes' load one layout is searched (HELD_LAYOUT): nothing more
+])
+def test_a_pass_that_measured_one_layout_gets_the_best_batcher_in_another_before_the_finalists(cores, layout, asked):
+    ranked = [ServedVariant(OperatingPoint(4, (), 1000, 1, cores), "start"), ServedVariant(OperatingPoint(1, (), 0, 1, cores), "coarse")]
+    run = _OneLayoutPass(ranked)
+    space = SearchSpace(peak=4, largest_fit=64, fixed_max=None, cores=cores, gpu=False, layout=layout)
+    OpenLoopStage(run, SimpleNamespace(percentile=95, latency_budget_ms=20.0), None, space)._other_layout()
+    assert run.asked == asked
+    measured_both = _OneLayoutPass([*ranked, ServedVariant(OperatingPoint(1, (), 0, 2, cores // 2), "coarse")])
+    OpenLoopStage(measured_both, SimpleNamespace(percentile=95, latency_budget_ms=20.0), None, space)._other_layout()
+    assert measured_both.asked == []  # the pass measured another layout: the finalists take its best
 
 
 def test_with_a_rate_and_a_budget_the_config_that_holds_the_most_open_loop_is_published(monkeypatch, tmp_path: Path):

@@ -12,6 +12,7 @@ Finalists compare rung for rung; the published config's claim is then refined to
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable
 
@@ -19,6 +20,8 @@ from optimizer.events import Event
 from optimizer.records.capacity import HELD_THROUGHPUT, Capacity, RateLevel, arrivals_label
 from optimizer.records.served_search import ServedVariant
 from optimizer.triton.measure.capacity import MAX_RATE_RUNS, drain_s, find_capacity, refine, rung, rung_of, seed_rate
+from optimizer.triton.measure.served_search.clock import OutOfTime
+from optimizer.triton.measure.served_search.points import SearchSpace, layouts
 from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
 
 FINALISTS = 3
@@ -43,14 +46,15 @@ def run_cost_s() -> float:
     return RATE_WINDOWS * RATE_WINDOW_MS / 1000.0 + RUN_OVERHEAD_S
 
 
-def open_loop_reserve(rate_objective: bool) -> float:
+def open_loop_reserve(rate_objective: bool, variant_cost_s: float = 0.0) -> float:
     """Seconds the closed-loop exploration leaves for this stage: the published config's capacity, under a rate objective a
-    challenger besides (another is measured only when time is left), then the published claim's half rung (the finalist
-    loaded again under a rate objective). Closed-loop time picks the finalists: a reserve that leaves the pass one or
-    two variants leaves it no other layout to offer."""
+    challenger besides (another is measured only when time is left) and one closed-loop variant (`variant_cost_s`: the
+    best's batcher in another instance layout, when the pass measured none), then the published claim's half rung (the
+    finalist loaded again under a rate objective). Closed-loop time picks the finalists: a reserve that leaves the pass
+    one or two variants leaves it little to offer."""
     if not rate_objective:
         return EXPECTED_RUNS * run_cost_s() + LOAD_S + REFINE_EXPECTED_RUNS * run_cost_s()
-    return (EXPECTED_RUNS + CHALLENGER_RUNS + REFINE_EXPECTED_RUNS) * run_cost_s() + 3 * LOAD_S
+    return (EXPECTED_RUNS + CHALLENGER_RUNS + REFINE_EXPECTED_RUNS) * run_cost_s() + 3 * LOAD_S + variant_cost_s
 
 
 def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[ServedVariant]:
@@ -79,8 +83,8 @@ def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[Serve
 class OpenLoopStage:
     """Measures finalists open-loop on the search's server and sets the run's best to the one chosen."""
 
-    def __init__(self, run, request, search) -> None:
-        self.run, self.request, self.search = run, request, search
+    def __init__(self, run, request, search, space: SearchSpace) -> None:
+        self.run, self.request, self.search, self.space = run, request, search, space
         self.pct, self.budget = request.percentile, request.latency_budget_ms
         self.capacities: list[tuple[ServedVariant, Capacity]] = []
 
@@ -153,12 +157,33 @@ class OpenLoopStage:
             cap = self.capacity(best, self.closed_seed(best, self.budget), self.budget, refined=True)
             self._record(best, cap)
             return
+        self._other_layout()
         pool = finalists(self.run.ranked())
         if self.budget is not None:
             chosen, cap = self._highest_capacity(pool)
         else:
             chosen, cap = self._lowest_latency_at_rate(pool, self.request.rate)
         self._record(chosen, self.refined(chosen, cap))
+
+    def _other_layout(self) -> None:
+        """The closed-loop best's batcher in the instance layout farthest from its own, measured closed-loop, when the pass
+        measured no other layout (a short pass, or another kind's candidate entering, can spend it on one layout): under
+        independent arrivals the layout can decide more than the batcher, and only a measured variant can be a finalist."""
+        ranked = self.run.ranked()
+        if not ranked:
+            return
+        best = ranked[0].point
+        mine = (best.instances, best.threads)
+        if any((v.point.instances, v.point.threads) != mine for v in ranked):
+            return
+        others = [lay for lay in layouts(self.run.spaces.get(best.candidate, self.space)) if lay != mine]
+        if not others:  # one layout only: one core, or beside other processes' load (HELD_LAYOUT)
+            return
+        n, t = max(others, key=lambda lay: abs(math.log2(lay[0]) - math.log2(best.instances)))
+        try:
+            self.run.measure([replace(best, instances=n, threads=t)], "refine")
+        except OutOfTime:
+            pass
 
     def _highest_capacity(self, pool: list[ServedVariant]) -> tuple[ServedVariant, Capacity | None]:
         """Highest capacity within the budget; a challenger starts a rung above the leader's capacity (one run says whether

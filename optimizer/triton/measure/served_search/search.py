@@ -187,12 +187,12 @@ def _search(result: TuneResult, options: PublishOptions, request: SearchRequest,
                         "the search runs beside other processes' load" if beside else why_no_other_kind(result))
                 else:
                     enter_other_kind(run, other, where, options, request, search, space)
-                with clock.holding_back(lambda: open_loop_reserve(request.rate_objective) if request.open_loop else 0.0):
+                with clock.holding_back(lambda: open_loop_reserve(request.rate_objective, clock.variant_cost()) if request.open_loop else 0.0):
                     search.stopped = run.explore(space)
                 if request.url and run.gone:
                     raise ServerError(f"{run.gone}; every variant it had loaded was unloaded where it could be, nothing was published")
                 if request.open_loop and not run.gone:
-                    OpenLoopStage(run, request, search).run_stage()
+                    OpenLoopStage(run, request, search, space).run_stage()
                 run.measure_lone_request()
             if trial is not None:
                 search.client_padding = padding_trial(run, trial, request, fronted).to_json()
