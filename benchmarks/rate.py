@@ -158,7 +158,10 @@ def one_model(name: str, spec: dict[str, Any], budget: float, rounds: int, work:
             print(f"round {r + 1}: emitted {pairs[-1][0]:g}/s, best {pairs[-1][1]:g}/s"
                   + (f", model analyzer's pick {ma_caps[-1]:g}/s" if ma_caps else ""), flush=True)
         out["rounds"] = [{"emitted": e, "best": b, **({"model_analyzer": ma_caps[i]} if ma_caps else {})} for i, (e, b) in enumerate(pairs)]
-    ratio, lo, hi = paired_ratio([e for e, _ in pairs], [b for _, b in pairs])
+    if not any(e > 0 for e, _ in pairs) and any(b > 0 for _, b in pairs):
+        ratio = lo = hi = 0.0  # the published config held no rate in any round where the best held one: nothing to pair
+    else:
+        ratio, lo, hi = paired_ratio([e for e, _ in pairs], [b for _, b in pairs])
     emitted_cap = statistics.median(e for e, _ in pairs)
     best_cap = statistics.median(b for _, b in pairs)
     claimed = claim.rate_per_s if claim and claim.rate_per_s else 0.0
