@@ -289,8 +289,7 @@ def test_the_finalists_take_the_other_instance_layout_before_another_batching_of
     def variant(max_batch: int, delay: int, instances: int) -> ServedVariant:
         return ServedVariant(OperatingPoint(max_batch, (), delay, instances, 2 // instances), "coarse")
 
-    ranked = [variant(1, 0, 1), variant(1, 0, 1), variant(4, 1000, 1), variant(16, 0, 1), variant(1, 0, 2), variant(4, 0, 2)]
-    ranked[1] = variant(2, 0, 1)
+    ranked = [variant(1, 0, 1), variant(2, 0, 1), variant(4, 1000, 1), variant(16, 0, 1), variant(1, 0, 2), variant(4, 0, 2)]
     picked = finalists(ranked)
     assert [(v.point.max_batch_size, v.point.instances) for v in picked] == [(1, 1), (1, 2), (2, 1)]
     assert finalists(ranked[:4]) == ranked[:3]  # one layout only: the best batching differently, then the runner-up
