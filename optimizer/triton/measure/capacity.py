@@ -32,6 +32,9 @@ SEED_SHARE = 0.7
 clients never do, so the capacity lies below the closed-loop figure)."""
 FAST_CLIMB = 0.5
 """A rate held with its percentile latency under this share of the budget climbs two rungs at once."""
+SLOW_DESCENT = 8.0
+"""A rate not held, with nothing held yet, whose percentile latency is this many times the budget (the server kept up, but
+its queue did not drain) steps down two rungs at once: one rung lower would not bring it within."""
 LOWEST_RATE = 0.5
 """Requests per second below which the search gives up: a config that holds no rate above it has no capacity to state."""
 MAX_DRAIN_S = 10.0
@@ -73,25 +76,33 @@ def half_rung_of(rate: float) -> float:
 
 def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: float | None, percentile: int, arrivals: str, seed: float,
                   max_runs: int = MAX_RATE_RUNS, out_of_time: Callable[[float], bool] = lambda seconds: False,
-                  run_cost_s: float = 0.0, drain: Callable[[float], None] = time.sleep, floor: float | None = None) -> Capacity:
+                  run_cost_s: float = 0.0, drain: Callable[[float], None] = time.sleep, floor: float | None = None,
+                  prior: RateLevel | None = None) -> Capacity:
     """Search the capacity from `seed` requests/s; `measure(rate)` runs one open-loop measurement. Stops after `max_runs`
     runs, or when `out_of_time(run_cost_s)` says the next run would not fit, or when the next rate would lie below
     `floor` (a challenger that fails the leader's capacity cannot beat it: where it lies below is not worth the runs);
     `bounded` says whether a failed rung lies right above the capacity. After a rate that was not held, `drain(seconds)`
-    lets the server work off its queue."""
+    lets the server work off its queue. `prior`: a run taken already (a screening run, drained), counted as the first: the search goes on from it when it
+    lies at the seed's rung."""
     levels: dict[int, RateLevel] = {}  # per rung, the run that stands for it (of its majority)
     votes: dict[int, list[bool]] = {}  # per rung, held or not, run by run
     runs = 0
     k = rung_of(max(seed, LOWEST_RATE))
+    if prior is not None and rung_of(prior.offered) != k:  # a run elsewhere: on the curve, the search starts at the seed
+        j, level = rung_of(prior.offered), prior.judge(latency_budget_ms, percentile)
+        votes[j], levels[j], runs, prior = [level.held], level, 1, None
     while runs < max_runs and rung(k) >= LOWEST_RATE and not (runs and out_of_time(run_cost_s)):
-        level = measure(rung(k)).judge(latency_budget_ms, percentile)
+        if prior is not None:
+            level, prior = prior.judge(latency_budget_ms, percentile), None
+        else:
+            level = measure(rung(k)).judge(latency_budget_ms, percentile)
+            if wait := drain_s(level, run_cost_s):
+                drain(wait)
         runs += 1
         votes.setdefault(k, []).append(level.held)
         held_k = 2 * sum(votes[k]) > len(votes[k])
         if level.held == held_k:  # a tie keeps the failed run
             levels[k] = level
-        if wait := drain_s(level, run_cost_s):
-            drain(wait)
         held = [j for j, lv in levels.items() if lv.held]
         failed = [j for j, lv in levels.items() if not lv.held]
         top = max((j for j in held if not failed or j < min(failed)), default=None)
@@ -107,6 +118,8 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
                 k = min(failed) - 1 if min(failed) - 1 not in levels else top + 1
         elif level.throughput < 0.9 * level.offered:  # far behind: the rung below what it did serve
             k = min(k - 1, rung_of(level.throughput * 0.95, down=True))
+        elif not held and latency_budget_ms is not None and level.latency(percentile) >= SLOW_DESCENT * latency_budget_ms:
+            k = k - 2
         else:
             k = k - 1
         while k in levels and levels[k].held and (k + 1) not in levels:
