@@ -117,6 +117,34 @@ def test_a_challenger_stops_once_it_fails_the_leaders_capacity(holds):
         assert min(calls) >= lead
 
 
+def test_a_rate_many_times_over_the_budget_steps_down_two_rungs_until_one_is_held():
+    """Bursts queued in a config that keeps up with the rate: p95 300 ms against a 20 ms budget, one rung lower will not be
+    within it. The search steps two rungs at a time until a rate is held, then brackets the rung it skipped."""
+    calls: list[float] = []
+
+    def measure(offered: float) -> RateLevel:
+        calls.append(offered)
+        return rate_level(offered, offered, 6.0 if offered <= 100 else (30.0 if offered <= 130 else 300.0))
+
+    cap = find_capacity(measure, 20.0, 95, "poisson", 215.0, max_runs=8, drain=lambda s: None)
+    k = rung_of(215.0)
+    assert calls[:3] == [rung(k), rung(k - 2), rung(k - 4)]  # 215 and 152 many times over: two rungs down each
+    assert cap.rate_per_s == rung(rung_of(100.0, down=True)) and cap.bounded
+    assert len(calls) == len(set(calls)) + 1  # only the failure right above the capacity is measured again
+
+
+def test_a_screening_run_at_the_seed_is_the_searchs_first_and_one_elsewhere_joins_its_curve():
+    calls: list[float] = []
+    measure = server_holding(600.0, calls)
+    first = measure(rung(rung_of(431.0)))
+    cap = find_capacity(measure, 20.0, 95, "poisson", 431.0, drain=lambda s: None, prior=first)
+    assert rung(rung_of(431.0)) not in calls[1:] and cap.runs == len(calls) and cap.rate_per_s == rung(rung_of(600.0, down=True))
+    calls.clear()
+    below = measure(rung(rung_of(362.0)))
+    cap = find_capacity(measure, 20.0, 95, "poisson", 724.0, drain=lambda s: None, prior=below, floor=609.0)
+    assert calls[1:] == [724.0, 609.0] and cap.rate_per_s == 362.0 and cap.runs == 3  # what it held below the floor stands
+
+
 @pytest.mark.parametrize("capacity", [47.0, 1300.0, 1400.0, 1900.0])
 def test_the_claim_is_refined_to_the_half_rung_so_it_lies_within_9_percent_of_what_the_config_holds(capacity):
     """The grid brackets a capacity within 19%; the half rung between the highest rate held and the failure above it,
@@ -301,6 +329,7 @@ class _OneLayoutPass:
 
     def __init__(self, ranked: list[ServedVariant]) -> None:
         self._ranked, self.spaces, self.asked = ranked, {}, []
+        self.search = SimpleNamespace(variants=ranked)
 
     def ranked(self) -> list[ServedVariant]:
         return self._ranked
@@ -315,15 +344,19 @@ class _OneLayoutPass:
     (8, None, [OperatingPoint(4, (), 1000, 8, 1)]),  # the layout farthest from one 8-thread instance
     (2, (1, 2), []),  # beside other processes' load one layout is searched (HELD_LAYOUT): nothing more
 ])
-def test_a_pass_that_measured_one_layout_gets_the_best_batcher_in_another_before_the_finalists(cores, layout, asked):
+def test_the_best_batcher_is_measured_in_the_farthest_layout_before_the_finalists(cores, layout, asked):
+    """A pass may have measured one layout only, or the other layout with a smaller batcher only (the bundled CNN: max 1 in
+    both, max 2 in one); the best's own batcher in the farthest layout is measured closed-loop, unless it was."""
     ranked = [ServedVariant(OperatingPoint(4, (), 1000, 1, cores), "start"), ServedVariant(OperatingPoint(1, (), 0, 1, cores), "coarse")]
-    run = _OneLayoutPass(ranked)
     space = SearchSpace(peak=4, largest_fit=64, fixed_max=None, cores=cores, gpu=False, layout=layout)
-    OpenLoopStage(run, SimpleNamespace(percentile=95, latency_budget_ms=20.0), None, space)._other_layout()
-    assert run.asked == asked
-    measured_both = _OneLayoutPass([*ranked, ServedVariant(OperatingPoint(1, (), 0, 2, cores // 2), "coarse")])
-    OpenLoopStage(measured_both, SimpleNamespace(percentile=95, latency_budget_ms=20.0), None, space)._other_layout()
-    assert measured_both.asked == []  # the pass measured another layout: the finalists take its best
+    for measured in ([], [ServedVariant(OperatingPoint(1, (), 0, cores, 1), "coarse")]):  # no other layout; another batcher in it
+        run = _OneLayoutPass([*ranked, *measured])
+        OpenLoopStage(run, SimpleNamespace(percentile=95, latency_budget_ms=20.0), None, space)._other_layout()
+        assert run.asked == asked
+    if asked:
+        measured_twin = _OneLayoutPass([*ranked, ServedVariant(asked[0], "coarse")])
+        OpenLoopStage(measured_twin, SimpleNamespace(percentile=95, latency_budget_ms=20.0), None, space)._other_layout()
+        assert measured_twin.asked == []  # measured already: nothing more
 
 
 def test_with_a_rate_and_a_budget_the_config_that_holds_the_most_open_loop_is_published(monkeypatch, tmp_path: Path):
@@ -337,6 +370,28 @@ def test_with_a_rate_and_a_budget_the_config_that_holds_the_most_open_loop_is_pu
     off_grid = [(p, offered) for p, offered in rates if offered != rung(rung_of(offered))]
     assert off_grid and {p for p, _ in off_grid} == {search.chosen}  # finalists compare on one grid; only the claim is refined
     assert all(offered == rung(rung_of(offered, down=True) + 0.5) for _, offered in off_grid)
+
+
+def test_every_finalist_is_screened_at_one_rate_and_the_best_screened_is_searched_first(monkeypatch, tmp_path: Path):
+    """The closed-loop best (max 1) keeps up open-loop but queues: p95 300 ms at every rate over 40/s, where the batching
+    config is at 80 ms and holds 400/s. Searching the closed-loop best first spent five runs finding nothing; one run each
+    at one rate ranks them, so the search goes to the batching config and the others cost a run or two."""
+
+    def measure_rate(self, model, offered):
+        point = self.loader.points[model]
+        self.rates.append((point, offered))
+        if point.max_batch_size == 1:
+            return rate_level(offered, offered, 6.0 if offered <= 40 else 300.0)
+        return server_holding(_open_capacity(point))(offered)
+
+    monkeypatch.setattr(_RateBench, "measure_rate", measure_rate)
+    search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, latency_budget_ms=20.0, rate_max=True))
+    assert search.chosen.max_batch_size > 1 and search.chosen.queue_delay_us > 0
+    assert search.capacity["rate_per_s"] <= 400.0 < search.capacity["rate_per_s"] * 2 ** 0.125 * 1.01
+    finalists_measured = list(dict.fromkeys(p for p, _ in rates))
+    assert len(finalists_measured) >= 2 and len({next(r for p, r in rates if p == f) for f in finalists_measured}) == 1  # one screening rate
+    assert sum(p.max_batch_size == 1 for p, _ in rates) <= 2  # its screen, and one run a rung above the leader's capacity
+    assert {f["label"] for f in search.open_loop} == {f.label for f in finalists_measured}  # each finalist in the report
 
 
 def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):

@@ -13,13 +13,14 @@ Finalists compare rung for rung; the published config's claim is then refined to
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import Callable
 
 from optimizer.events import Event
 from optimizer.records.capacity import HELD_THROUGHPUT, Capacity, RateLevel, arrivals_label
-from optimizer.records.served_search import ServedVariant
-from optimizer.triton.measure.capacity import MAX_RATE_RUNS, drain_s, find_capacity, refine, rung, rung_of, seed_rate
+from optimizer.records.served_search import OperatingPoint, ServedVariant
+from optimizer.triton.measure.capacity import MAX_RATE_RUNS, capacity_of, drain_s, find_capacity, refine, rung, rung_of, seed_rate
 from optimizer.triton.measure.served_search.clock import OutOfTime
 from optimizer.triton.measure.served_search.points import SearchSpace, layouts
 from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
@@ -33,8 +34,8 @@ EXPECTED_RUNS = 4
 """Runs a finalist's capacity usually takes from its closed-loop seed, its bounding failure confirmed (the reserve is
 planned on it)."""
 CHALLENGER_RUNS = 2
-"""Runs a challenger that loses usually takes: a rung above the leader's capacity, then the leader's own (the search stops
-below it)."""
+"""Runs a challenger that held its screen and loses usually takes: a rung above the leader's capacity, then the leader's
+own (the search stops below it)."""
 LOAD_S = 3.0
 """Loading and warming a finalist again."""
 REFINE_EXPECTED_RUNS = 2
@@ -47,14 +48,20 @@ def run_cost_s() -> float:
 
 
 def open_loop_reserve(rate_objective: bool, variant_cost_s: float = 0.0) -> float:
-    """Seconds the closed-loop exploration leaves for this stage: the published config's capacity, under a rate objective a
-    challenger besides (another is measured only when time is left) and one closed-loop variant (`variant_cost_s`: the
-    best's batcher in another instance layout, when the pass measured none), then the published claim's half rung (the
-    finalist loaded again under a rate objective). Closed-loop time picks the finalists: a reserve that leaves the pass
-    one or two variants leaves it little to offer."""
+    """Seconds the closed-loop exploration leaves for this stage: the published config's capacity, under a rate objective
+    the other finalists' screening runs, one run of a challenger that held its screen (another is measured only when time
+    is left) and one closed-loop variant (`variant_cost_s`: the best's batcher in another instance layout, when the pass
+    measured none), then the published claim's half rung (the finalist loaded again under a rate objective). Closed-loop
+    time picks the finalists: a reserve that leaves the pass one or two variants leaves it little to offer."""
     if not rate_objective:
         return EXPECTED_RUNS * run_cost_s() + LOAD_S + REFINE_EXPECTED_RUNS * run_cost_s()
-    return (EXPECTED_RUNS + CHALLENGER_RUNS + REFINE_EXPECTED_RUNS) * run_cost_s() + 3 * LOAD_S + variant_cost_s
+    runs = EXPECTED_RUNS + (FINALISTS - 1) + 1 + REFINE_EXPECTED_RUNS
+    return runs * run_cost_s() + (FINALISTS + 2) * LOAD_S + variant_cost_s
+
+
+def layout(point: OperatingPoint) -> tuple[int, int | None]:
+    """How a point serves requests: its instances and the threads each runs."""
+    return point.instances, point.threads
 
 
 def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[ServedVariant]:
@@ -66,14 +73,11 @@ def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[Serve
         return []
     first = ranked[0]
 
-    def layout(v: ServedVariant) -> tuple[int, int | None]:
-        return v.point.instances, v.point.threads
-
     def batching(v: ServedVariant) -> tuple[bool, bool]:
         return v.point.max_batch_size > 1, v.point.queue_delay_us > 0
 
     picked = [first]
-    for differs in (lambda v: layout(v) != layout(first), lambda v: batching(v) != batching(first)):
+    for differs in (lambda v: layout(v.point) != layout(first.point), lambda v: batching(v) != batching(first)):
         other = next((v for v in ranked[1:] if differs(v) and v not in picked), None)
         picked += [other] if other is not None else []
     picked += [v for v in ranked[1:] if v not in picked]
@@ -113,16 +117,23 @@ class OpenLoopStage:
         return "trace" if self.run.bench.trace_ms else self.request.arrivals
 
     def capacity(self, v: ServedVariant, seed: float, budget: float | None = None, runs: int = MAX_RATE_RUNS,
-                 refined: bool = False, floor: float | None = None) -> Capacity | None:
+                 refined: bool = False, floor: float | None = None, prior: RateLevel | None = None) -> Capacity | None:
         """`v`'s capacity from `seed` requests/s (None when it does not load again); `refined`: its claim to the half rung;
-        `floor`: a challenger's search stops below the leader's capacity."""
+        `floor`: a challenger's search stops below the leader's capacity; `prior`: its screening run."""
         with self.run.measurer.loaded(v.point) as name:
             if name is None:
                 return None
-            cap = find_capacity(self._measure(name), budget, self.pct, self.arrivals, seed, max_runs=runs,
-                                out_of_time=self._out_of_time, run_cost_s=run_cost_s(), drain=self.run.bench.drain, floor=floor)
-            if refined:
-                cap = self._refine(name, cap)
+            return self._search(name, v, seed, budget, runs, refined, floor, prior)
+
+    def _search(self, name: str, v: ServedVariant, seed: float, budget: float | None, runs: int = MAX_RATE_RUNS,
+                refined: bool = False, floor: float | None = None, prior: RateLevel | None = None) -> Capacity:
+        cap = find_capacity(self._measure(name), budget, self.pct, self.arrivals, seed, max_runs=runs, out_of_time=self._out_of_time,
+                            run_cost_s=run_cost_s(), drain=self.run.bench.drain, floor=floor, prior=prior)
+        if refined:
+            cap = self._refine(name, cap)
+        return self._stands(v, cap, seed)
+
+    def _stands(self, v: ServedVariant, cap: Capacity, seed: float) -> Capacity:
         cap.point, cap.window_ms, cap.windows = v.point.label, rate_window_ms(cap.rate_per_s or seed), RATE_WINDOWS
         self.capacities.append((v, cap))
         self._say(f"{v.point.label}: {cap.describe()}")
@@ -166,41 +177,87 @@ class OpenLoopStage:
         self._record(chosen, self.refined(chosen, cap))
 
     def _other_layout(self) -> None:
-        """The closed-loop best's batcher in the instance layout farthest from its own, measured closed-loop, when the pass
-        measured no other layout (a short pass, or another kind's candidate entering, can spend it on one layout): under
-        independent arrivals the layout can decide more than the batcher, and only a measured variant can be a finalist."""
+        """The closed-loop best's batcher in the instance layout farthest from its own, measured closed-loop when the pass did
+        not (a short pass, or another kind's candidate entering, can spend it on one layout; a pass that tried the other
+        layout may have tried it with a smaller batcher only): under independent arrivals the layout can decide more than
+        the batcher, and only a measured variant can be a finalist."""
         ranked = self.run.ranked()
         if not ranked:
             return
         best = ranked[0].point
-        mine = (best.instances, best.threads)
-        if any((v.point.instances, v.point.threads) != mine for v in ranked):
-            return
-        others = [lay for lay in layouts(self.run.spaces.get(best.candidate, self.space)) if lay != mine]
+        others = [lay for lay in layouts(self.run.spaces.get(best.candidate, self.space)) if lay != layout(best)]
         if not others:  # one layout only: one core, or beside other processes' load (HELD_LAYOUT)
             return
         n, t = max(others, key=lambda lay: abs(math.log2(lay[0]) - math.log2(best.instances)))
+        twin = replace(best, instances=n, threads=t)
+        if any(v.point == twin for v in self.run.search.variants):  # measured already, or failed
+            return
         try:
-            self.run.measure([replace(best, instances=n, threads=t)], "refine")
+            self.run.measure([twin], "refine")
         except OutOfTime:
             pass
 
     def _highest_capacity(self, pool: list[ServedVariant]) -> tuple[ServedVariant, Capacity | None]:
-        """Highest capacity within the budget; a challenger starts a rung above the leader's capacity (one run says whether
-        it can win) and stops once it fails the leader's, and equal capacities go to the lower percentile latency at that
-        rate."""
-        leader, lead = pool[0], self.capacity(pool[0], self.closed_seed(pool[0], self.budget), self.budget)
-        for k, v in enumerate(pool[1:], start=1):
+        """Highest capacity within the budget. Every finalist is screened with one run at one rate (the closed-loop best's
+        seed): one run tells a config at 20 ms from one at 300 ms, which the closed-loop ranking cannot. The best screened
+        (_screen_key) is searched from its screening run. A challenger that failed a rate the leader held is dropped
+        (latency only grows with the rate); the others start a rung above the leader's capacity (one run says whether they
+        can win) and stop once they fail the leader's. Equal capacities go to the lower percentile latency at that rate."""
+        screened, lead = self._screen(pool, rung(rung_of(self.closed_seed(pool[0], self.budget))))
+        if not screened:
+            return pool[0], None
+        leader = screened[0][0]
+        for k, (v, level) in enumerate(screened[1:], start=1):
+            if not level.held and screened[0][1].held:
+                break  # it fails a rate the leader holds: it cannot win (sorted: nor can the rest)
             if self._out_of_time((CHALLENGER_RUNS if k > 1 else 1) * run_cost_s() + LOAD_S):
                 break
             if lead is not None and lead.rate_per_s:
                 seed, floor = rung(rung_of(lead.rate_per_s) + 1), lead.rate_per_s
             else:
-                seed, floor = self.closed_seed(v, self.budget), None
-            cap = self.capacity(v, seed, self.budget, floor=floor)
+                seed, floor = level.offered, None
+            cap = self.capacity(v, seed, self.budget, floor=floor, prior=level)
             if cap is not None and _beats(cap, lead, self.pct):
                 leader, lead = v, cap
+        searched = [u for u, _ in self.capacities]
+        for v, level in screened:  # dropped after its screen (or out of time): its one run, in the report's finalists
+            if v not in searched:
+                self._stands(v, capacity_of({rung_of(level.offered): level}, self.budget, self.pct, self.arrivals), level.offered)
         return leader, lead
+
+    def _screen(self, pool: list[ServedVariant], rate: float) -> tuple[list[tuple[ServedVariant, RateLevel]], Capacity | None]:
+        """Each finalist's run at `rate`, best first, and the best's capacity searched on from its run while it is still
+        loaded (the best so far stays loaded through the screening, so it is not loaded twice)."""
+        screened: list[tuple[ServedVariant, RateLevel]] = []
+        best: tuple[ServedVariant, RateLevel, str, ExitStack] | None = None
+        try:
+            for k, v in enumerate(pool):
+                if k and self._out_of_time(run_cost_s() + LOAD_S):
+                    break
+                stack = ExitStack()
+                name = stack.enter_context(self.run.measurer.loaded(v.point))
+                if name is None:
+                    stack.close()
+                    continue
+                level = self._measure(name)(rate).judge(self.budget, self.pct)
+                if wait := drain_s(level, run_cost_s()):
+                    self.run.bench.drain(wait)
+                screened.append((v, level))
+                loser, new = (v, level, name, stack), (v, level, name, stack)
+                if best is None or _screen_key(level, self.pct) < _screen_key(best[1], self.pct):
+                    loser, best = best, new
+                if loser is not None:  # of the best so far and this one, the one that screened worse is unloaded
+                    loser[3].close()
+            screened.sort(key=lambda p: _screen_key(p[1], self.pct))
+            if best is None:
+                return screened, None
+            self._say("screened at " + ", ".join(f"{v.point.label}: {'held' if lv.held else 'not held'} "
+                                                 f"(p{self.pct} {lv.latency(self.pct):.1f} ms)" for v, lv in screened))
+            v, level, name, _ = best
+            return screened, self._search(name, v, rate, self.budget, prior=level)
+        finally:
+            if best is not None:
+                best[3].close()
 
     def _lowest_latency_at_rate(self, pool: list[ServedVariant], rate: float) -> tuple[ServedVariant, Capacity | None]:
         """--rate R without a budget: each finalist at R; of those that keep up, the lowest percentile latency. When none
@@ -249,6 +306,16 @@ class OpenLoopStage:
         cap.target_rate, cap.headroom = request.rate, request.headroom
         cap.point = chosen.point.label
         search.capacity = cap.to_json()
+
+
+def _screen_key(level: RateLevel, percentile: int) -> tuple[int, float]:
+    """Held, then kept up (over the budget), then fell behind; within the first two the lower percentile latency, within
+    the last the higher throughput (a queue that grew through the run makes its latency say how long the run was)."""
+    if level.held:
+        return 0, level.latency(percentile)
+    if level.throughput >= HELD_THROUGHPUT * level.offered:
+        return 1, level.latency(percentile)
+    return 2, -level.throughput
 
 
 def _beats(cap: Capacity, lead: Capacity | None, percentile: int) -> bool:
