@@ -394,6 +394,24 @@ def test_every_finalist_is_screened_at_one_rate_and_the_best_screened_is_searche
     assert {f["label"] for f in search.open_loop} == {f.label for f in finalists_measured}  # each finalist in the report
 
 
+def test_the_other_batching_is_screened_in_the_layout_that_screened_better(monkeypatch, tmp_path: Path):
+    """Two single-thread instances hold twice what one 2-thread instance does open-loop, whatever the batcher; the batching
+    config holds the most. Closed-loop ranks max 1 in one instance first: the finalists are max 1 in both layouts, then
+    the batching config in the layout that screened better (two instances), which the pass ranked below others."""
+
+    def measure_rate(self, model, offered):
+        point = self.loader.points[model]
+        self.rates.append((point, offered))
+        return server_holding(_open_capacity(point) * (2.0 if point.instances == 2 else 1.0))(offered)
+
+    monkeypatch.setattr(_RateBench, "measure_rate", measure_rate)
+    search, rates = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, latency_budget_ms=20.0, rate_max=True))
+    screened = list(dict.fromkeys(p for p, _ in rates))
+    assert [(p.max_batch_size, p.instances) for p in screened[:2]] == [(1, 1), (1, 2)]  # the best's batcher in both layouts
+    assert screened[2].max_batch_size > 1 and screened[2].queue_delay_us > 0 and screened[2].instances == 2
+    assert search.chosen == screened[2] and search.capacity["rate_per_s"] <= 800.0 < search.capacity["rate_per_s"] * 2 ** 0.125 * 1.01
+
+
 def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):
     search, _ = _search(monkeypatch, tmp_path, SearchRequest(tmp_path, latency_budget_ms=20.0, rate=1000.0, headroom=0.2))
     cap = search.capacity

@@ -1,13 +1,15 @@
 """The served search's open-loop stage: the finalists' capacities under independent arrivals, and the published choice.
 
-Closed-loop clients never queue more requests than there are clients, so the closed-loop ranking only picks the
-finalists: the best variant, the best with another instance layout (requests side by side, or one at a time with more
-threads) and the best that batches differently (a queue delay that is a cost for a lone client absorbs the bursts of
-independent arrivals). Each finalist is then driven open-loop at rates on one grid
-(measure/capacity.py): with a latency budget the highest capacity wins (equal capacities: the lower percentile latency at
-that rate); with --rate R and no budget, the lowest percentile latency among those that keep up with R. With a latency
-budget alone (no rate) the choice stays closed-loop and only the published config's capacity is measured, for the report.
-Finalists compare rung for rung; the published config's claim is then refined to the half rung above it.
+Closed-loop clients never queue more requests than there are clients, so the closed-loop pass only picks the batchers.
+With a latency budget the finalists are two batchers in two instance layouts (requests side by side, or one at a time
+with more threads): the closed-loop best's batcher in its layout and in the farthest one, then the best other batching
+(a queue delay that is a cost for a lone client absorbs the bursts of independent arrivals) in the layout that screened
+better. Each is screened with one run at one rate, the best screened is driven open-loop at rates on one grid
+(measure/capacity.py) and the others challenge it; the highest capacity wins (equal capacities: the lower percentile
+latency at that rate). With --rate R and no budget, the closed-loop best, the best with another layout and the best that
+batches differently are driven at R: the lowest percentile latency among those that keep up with R wins. With a latency
+budget alone (no rate) the choice stays closed-loop and only the published config's capacity is measured, for the
+report. Finalists compare rung for rung; the published config's claim is then refined to the half rung above it.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from optimizer.triton.measure.served_search.points import SearchSpace, layouts
 from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
 
 FINALISTS = 3
-"""Variants measured open-loop at most: the closed-loop best, the best with another instance layout, the best that batches
-differently."""
+"""Variants measured open-loop at most: with a budget the best's batcher in two layouts and another batching; with a rate
+alone the closed-loop best, the best with another instance layout, the best that batches differently."""
 RUN_OVERHEAD_S = 1.5
 """perf_analyzer's start and exit around an open-loop run's windows."""
 EXPECTED_RUNS = 4
@@ -48,20 +50,25 @@ def run_cost_s() -> float:
 
 
 def open_loop_reserve(rate_objective: bool, variant_cost_s: float = 0.0) -> float:
-    """Seconds the closed-loop exploration leaves for this stage: the published config's capacity, under a rate objective
-    the other finalists' screening runs, one run of a challenger that held its screen (another is measured only when time
-    is left) and one closed-loop variant (`variant_cost_s`: the best's batcher in another instance layout, when the pass
-    measured none), then the published claim's half rung (the finalist loaded again under a rate objective). Closed-loop
-    time picks the finalists: a reserve that leaves the pass one or two variants leaves it little to offer."""
+    """Seconds the closed-loop exploration leaves for this stage: the published config's capacity; under a rate objective
+    the other finalists' screening runs and two closed-loop variants (`variant_cost_s` each: finalists the pass did not
+    measure), one run of a challenger that held its screen (another is measured only when time is left); then the
+    published claim's half rung (the finalist loaded again under a rate objective). Closed-loop time picks the batchers:
+    a reserve that leaves the pass one or two variants leaves it little to offer."""
     if not rate_objective:
         return EXPECTED_RUNS * run_cost_s() + LOAD_S + REFINE_EXPECTED_RUNS * run_cost_s()
     runs = EXPECTED_RUNS + (FINALISTS - 1) + 1 + REFINE_EXPECTED_RUNS
-    return runs * run_cost_s() + (FINALISTS + 2) * LOAD_S + variant_cost_s
+    return runs * run_cost_s() + (FINALISTS + 2) * LOAD_S + 2 * variant_cost_s
 
 
 def layout(point: OperatingPoint) -> tuple[int, int | None]:
     """How a point serves requests: its instances and the threads each runs."""
     return point.instances, point.threads
+
+
+def batching(point: OperatingPoint) -> tuple[bool, bool]:
+    """Whether a point batches, and whether it waits for a batch to fill."""
+    return point.max_batch_size > 1, point.queue_delay_us > 0
 
 
 def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[ServedVariant]:
@@ -72,12 +79,8 @@ def finalists(ranked: list[ServedVariant], count: int = FINALISTS) -> list[Serve
     if not ranked:
         return []
     first = ranked[0]
-
-    def batching(v: ServedVariant) -> tuple[bool, bool]:
-        return v.point.max_batch_size > 1, v.point.queue_delay_us > 0
-
     picked = [first]
-    for differs in (lambda v: layout(v.point) != layout(first.point), lambda v: batching(v) != batching(first)):
+    for differs in (lambda v: layout(v.point) != layout(first.point), lambda v: batching(v.point) != batching(first.point)):
         other = next((v for v in ranked[1:] if differs(v) and v not in picked), None)
         picked += [other] if other is not None else []
     picked += [v for v in ranked[1:] if v not in picked]
@@ -168,13 +171,21 @@ class OpenLoopStage:
             cap = self.capacity(best, self.closed_seed(best, self.budget), self.budget, refined=True)
             self._record(best, cap)
             return
-        self._other_layout()
-        pool = finalists(self.run.ranked())
         if self.budget is not None:
-            chosen, cap = self._highest_capacity(pool)
+            chosen, cap = self._highest_capacity()
         else:
-            chosen, cap = self._lowest_latency_at_rate(pool, self.request.rate)
+            self._other_layout()
+            chosen, cap = self._lowest_latency_at_rate(finalists(self.run.ranked()), self.request.rate)
         self._record(chosen, self.refined(chosen, cap))
+
+    def _farthest_layout(self, point: OperatingPoint) -> OperatingPoint | None:
+        """`point`'s batcher in the instance layout farthest from its own; None with one layout only (one core, or beside
+        other processes' load: HELD_LAYOUT)."""
+        others = [lay for lay in layouts(self.run.spaces.get(point.candidate, self.space)) if lay != layout(point)]
+        if not others:
+            return None
+        n, t = max(others, key=lambda lay: abs(math.log2(lay[0]) - math.log2(point.instances)))
+        return replace(point, instances=n, threads=t)
 
     def _other_layout(self) -> None:
         """The closed-loop best's batcher in the instance layout farthest from its own, measured closed-loop when the pass did
@@ -182,30 +193,53 @@ class OpenLoopStage:
         layout may have tried it with a smaller batcher only): under independent arrivals the layout can decide more than
         the batcher, and only a measured variant can be a finalist."""
         ranked = self.run.ranked()
-        if not ranked:
-            return
-        best = ranked[0].point
-        others = [lay for lay in layouts(self.run.spaces.get(best.candidate, self.space)) if lay != layout(best)]
-        if not others:  # one layout only: one core, or beside other processes' load (HELD_LAYOUT)
-            return
-        n, t = max(others, key=lambda lay: abs(math.log2(lay[0]) - math.log2(best.instances)))
-        twin = replace(best, instances=n, threads=t)
-        if any(v.point == twin for v in self.run.search.variants):  # measured already, or failed
+        twin = self._farthest_layout(ranked[0].point) if ranked else None
+        if twin is None or any(v.point == twin for v in self.run.search.variants):  # measured already, or failed
             return
         try:
             self.run.measure([twin], "refine")
         except OutOfTime:
             pass
 
-    def _highest_capacity(self, pool: list[ServedVariant]) -> tuple[ServedVariant, Capacity | None]:
-        """Highest capacity within the budget. Every finalist is screened with one run at one rate (the closed-loop best's
-        seed): one run tells a config at 20 ms from one at 300 ms, which the closed-loop ranking cannot. The best screened
-        (_screen_key) is searched from its screening run. A challenger that failed a rate the leader held is dropped
-        (latency only grows with the rate); the others start a rung above the leader's capacity (one run says whether they
-        can win) and stop once they fail the leader's. Equal capacities go to the lower percentile latency at that rate."""
-        screened, lead = self._screen(pool, rung(rung_of(self.closed_seed(pool[0], self.budget))))
+    def _finalist(self, point: OperatingPoint | None) -> ServedVariant | None:
+        """`point` as a finalist: measured closed-loop unless the pass did (a variant that failed there is none), when its
+        screening run still leaves the leader its search and its claim's half rung."""
+        if point is None:
+            return None
+        known = next((v for v in self.run.ranked() if v.point == point), None)
+        if known is None and any(v.point == point for v in self.run.search.variants):
+            return None
+        later = (EXPECTED_RUNS - 1 + REFINE_EXPECTED_RUNS) * run_cost_s() + LOAD_S
+        if self._out_of_time((0.0 if known else self.run.clock.variant_cost()) + run_cost_s() + LOAD_S + later):
+            return None
+        if known is None:
+            try:
+                self.run.measure([point], "refine")
+            except OutOfTime:
+                return None
+            known = next((v for v in self.run.ranked() if v.point == point), None)
+        return known
+
+    def _highest_capacity(self) -> tuple[ServedVariant, Capacity | None]:
+        """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop
+        best's batcher in its layout and in the farthest one, then the best other batching (another max or delay) in the
+        layout that screened better. Each is screened with one run at one rate (the best's seed): one run tells a config at
+        20 ms from one at 300 ms, which closed-loop clients cannot. The best screened (_screen_key) is searched from its
+        screening run. A challenger that failed a rate the leader held is dropped (latency only grows with the rate); the
+        others start a rung above the leader's capacity (one run says whether they can win) and stop once they fail the
+        leader's. Equal capacities go to the lower percentile latency at that rate."""
+        best = self.run.ranked()[0]
+        with Screening(self, rung(rung_of(self.closed_seed(best, self.budget)))) as screen:
+            screen.take(best)
+            screen.take(self._finalist(self._farthest_layout(best.point)))
+            other = next((v for v in self.run.ranked() if batching(v.point) != batching(best.point)), None)
+            if other is not None and screen.leader is not None:
+                n, threads = layout(screen.leader.point)
+                screen.take(self._finalist(replace(other.point, instances=n, threads=threads)))
+            lead = screen.search_leader()
+        screened = screen.screened
         if not screened:
-            return pool[0], None
+            return best, None
         leader = screened[0][0]
         for k, (v, level) in enumerate(screened[1:], start=1):
             if not level.held and screened[0][1].held:
@@ -224,40 +258,6 @@ class OpenLoopStage:
             if v not in searched:
                 self._stands(v, capacity_of({rung_of(level.offered): level}, self.budget, self.pct, self.arrivals), level.offered)
         return leader, lead
-
-    def _screen(self, pool: list[ServedVariant], rate: float) -> tuple[list[tuple[ServedVariant, RateLevel]], Capacity | None]:
-        """Each finalist's run at `rate`, best first, and the best's capacity searched on from its run while it is still
-        loaded (the best so far stays loaded through the screening, so it is not loaded twice)."""
-        screened: list[tuple[ServedVariant, RateLevel]] = []
-        best: tuple[ServedVariant, RateLevel, str, ExitStack] | None = None
-        try:
-            for k, v in enumerate(pool):
-                if k and self._out_of_time(run_cost_s() + LOAD_S):
-                    break
-                stack = ExitStack()
-                name = stack.enter_context(self.run.measurer.loaded(v.point))
-                if name is None:
-                    stack.close()
-                    continue
-                level = self._measure(name)(rate).judge(self.budget, self.pct)
-                if wait := drain_s(level, run_cost_s()):
-                    self.run.bench.drain(wait)
-                screened.append((v, level))
-                loser, new = (v, level, name, stack), (v, level, name, stack)
-                if best is None or _screen_key(level, self.pct) < _screen_key(best[1], self.pct):
-                    loser, best = best, new
-                if loser is not None:  # of the best so far and this one, the one that screened worse is unloaded
-                    loser[3].close()
-            screened.sort(key=lambda p: _screen_key(p[1], self.pct))
-            if best is None:
-                return screened, None
-            self._say("screened at " + ", ".join(f"{v.point.label}: {'held' if lv.held else 'not held'} "
-                                                 f"(p{self.pct} {lv.latency(self.pct):.1f} ms)" for v, lv in screened))
-            v, level, name, _ = best
-            return screened, self._search(name, v, rate, self.budget, prior=level)
-        finally:
-            if best is not None:
-                best[3].close()
 
     def _lowest_latency_at_rate(self, pool: list[ServedVariant], rate: float) -> tuple[ServedVariant, Capacity | None]:
         """--rate R without a budget: each finalist at R; of those that keep up, the lowest percentile latency. When none
@@ -306,6 +306,62 @@ class OpenLoopStage:
         cap.target_rate, cap.headroom = request.rate, request.headroom
         cap.point = chosen.point.label
         search.capacity = cap.to_json()
+
+
+class Screening:
+    """Finalists' runs at one rate, best first (_screen_key). The best so far stays loaded (the one that screened worse is
+    unloaded at once), so the finalist searched first is not loaded twice."""
+
+    def __init__(self, stage: OpenLoopStage, rate: float) -> None:
+        self.stage, self.rate = stage, rate
+        self.screened: list[tuple[ServedVariant, RateLevel]] = []
+        self._kept: tuple[ServedVariant, RateLevel, str, ExitStack] | None = None
+
+    def __enter__(self) -> Screening:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._kept is not None:
+            self._kept[3].close()
+            self._kept = None
+
+    @property
+    def leader(self) -> ServedVariant | None:
+        return self.screened[0][0] if self.screened else None
+
+    def take(self, v: ServedVariant | None) -> None:
+        """`v` loaded and driven once at the rate (nothing when it is None, screened already, or does not load)."""
+        stage = self.stage
+        if v is None or any(u.point == v.point for u, _ in self.screened):
+            return
+        stack = ExitStack()
+        name = stack.enter_context(stage.run.measurer.loaded(v.point))
+        if name is None:
+            stack.close()
+            return
+        with ExitStack() as on_error:  # unloaded if the run raises; kept (or not) below once it is measured
+            on_error.push(stack)
+            level = stage._measure(name)(self.rate).judge(stage.budget, stage.pct)
+            if wait := drain_s(level, run_cost_s()):
+                stage.run.bench.drain(wait)
+            on_error.pop_all()
+        self.screened = sorted([*self.screened, (v, level)], key=lambda p: _screen_key(p[1], stage.pct))
+        worse: tuple[ServedVariant, RateLevel, str, ExitStack] | None = (v, level, name, stack)
+        if self._kept is None or _screen_key(level, stage.pct) < _screen_key(self._kept[1], stage.pct):
+            worse, self._kept = self._kept, worse
+        if worse is not None:
+            worse[3].close()
+
+    def search_leader(self) -> Capacity | None:
+        """The best screened's capacity, searched on from its screening run while it is still loaded."""
+        if self._kept is None:
+            return None
+        stage = self.stage
+        stage._say(f"screened at {self.rate:g}/s: " + ", ".join(
+            f"{v.point.label} {'held' if lv.held else 'not held'} (p{stage.pct} {lv.latency(stage.pct):.1f} ms, {lv.throughput:.1f}/s)"
+            for v, lv in self.screened))
+        v, level, name, _ = self._kept
+        return stage._search(name, v, self.rate, stage.budget, prior=level)
 
 
 def _screen_key(level: RateLevel, percentile: int) -> tuple[int, float]:
