@@ -82,8 +82,8 @@ def find_capacity(measure: Callable[[float], RateLevel], latency_budget_ms: floa
     runs, or when `out_of_time(run_cost_s)` says the next run would not fit, or when the next rate would lie below
     `floor` (a challenger that fails the leader's capacity cannot beat it: where it lies below is not worth the runs);
     `bounded` says whether a failed rung lies right above the capacity. After a rate that was not held, `drain(seconds)`
-    lets the server work off its queue. `prior`: a run taken already (a screening run, drained), counted as the first: the search goes on from it when it
-    lies at the seed's rung."""
+    lets the server work off its queue. `prior`: a run taken already (a screening run, drained), counted as the first;
+    the search goes on from it when it lies at the seed's rung."""
     levels: dict[int, RateLevel] = {}  # per rung, the run that stands for it (of its majority)
     votes: dict[int, list[bool]] = {}  # per rung, held or not, run by run
     runs = 0
