@@ -4,10 +4,11 @@ stage against a made-up server (the order, the scoring and the choice are the re
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -410,6 +411,54 @@ def test_the_other_batching_is_screened_in_the_layout_that_screened_better(monke
     assert [(p.max_batch_size, p.instances) for p in screened[:2]] == [(1, 1), (1, 2)]  # the best's batcher in both layouts
     assert screened[2].max_batch_size > 1 and screened[2].queue_delay_us > 0 and screened[2].instances == 2
     assert search.chosen == screened[2] and search.capacity["rate_per_s"] <= 800.0 < search.capacity["rate_per_s"] * 2 ** 0.125 * 1.01
+
+
+class _StartOnlyRun:
+    """A served search whose closed-loop pass measured only its start (a batching config in one 2-thread instance): what
+    the stage measures closed-loop joins the ranking; open-loop, `holds(point)` is each config's capacity."""
+
+    def __init__(self, start: OperatingPoint, holds: Callable[[OperatingPoint], float]) -> None:
+        self.variants = [self._measured(start, "start")]
+        self.search, self.spaces, self.label, self.rates = SimpleNamespace(variants=self.variants), {}, "m", []
+        self.clock = SimpleNamespace(passed=lambda seconds=0.0: False, variant_cost=lambda: 10.0)
+        self.on_event = lambda event: None
+        self.bench = SimpleNamespace(trace_ms=None, drain=lambda s: None, watch=self._watch, measure_rate=self._rate)
+        self.measurer, self.holds = SimpleNamespace(loaded=self._loaded), holds
+
+    @staticmethod
+    def _measured(point: OperatingPoint, stage: str) -> ServedVariant:
+        return ServedVariant(point, stage, status="measured", curve=[LoadLevel(4, 1000.0, 2.0, 3.0, 4.0, 5.0)], throughput=1000.0)
+
+    def ranked(self) -> list[ServedVariant]:
+        return [v for v in self.variants if v.status == "measured"]
+
+    def measure(self, points: list[OperatingPoint], stage: str) -> list[ServedVariant]:
+        self.variants += [self._measured(p, stage) for p in points]
+        return self.variants[-len(points):]
+
+    @contextmanager
+    def _loaded(self, point: OperatingPoint):
+        yield point
+
+    @contextmanager
+    def _watch(self):
+        yield SimpleNamespace(peak_within=lambda seconds: 0.0)
+
+    def _rate(self, point: OperatingPoint, offered: float) -> RateLevel:
+        self.rates.append((point, offered))
+        return server_holding(self.holds(point))(offered)
+
+
+def test_a_pass_that_measured_no_other_batching_gets_no_batching_in_the_layout_that_screened_better():
+    """The bundled transformer's pass measured only its start (max 64, 1x2t): the finalists are max 64 in both layouts and
+    max 1 (no batching) in the layout that screened better, measured closed-loop first."""
+    start = OperatingPoint(64, (64,), 41, 1, 2)
+    run = _StartOnlyRun(start, lambda p: (400.0 if p.instances == 1 else 1000.0) * (1.3 if p.max_batch_size == 1 else 1.0))
+    stage = OpenLoopStage(run, SimpleNamespace(percentile=95, latency_budget_ms=20.0, rate_objective=True, arrivals="poisson"), None,
+                          SearchSpace(peak=4, largest_fit=64, fixed_max=None, cores=2, gpu=False))
+    chosen, cap = stage._highest_capacity()
+    assert [v.point for v in run.variants[1:]] == [replace(start, instances=2, threads=1), OperatingPoint(1, (), 0, 2, 1)]
+    assert chosen.point == OperatingPoint(1, (), 0, 2, 1) and cap.rate_per_s <= 1300.0 < cap.rate_per_s * 2 ** 0.25 * 1.01
 
 
 def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):

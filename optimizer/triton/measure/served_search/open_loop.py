@@ -222,8 +222,8 @@ class OpenLoopStage:
 
     def _highest_capacity(self) -> tuple[ServedVariant, Capacity | None]:
         """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop
-        best's batcher in its layout and in the farthest one, then the best other batching (another max or delay) in the
-        layout that screened better. Each is screened with one run at one rate (the best's seed): one run tells a config at
+        best's batcher in its layout and in the farthest one, then the best other batching (another max or delay; none,
+        when the pass measured no other and the best batches) in the layout that screened better. Each is screened with one run at one rate (the best's seed): one run tells a config at
         20 ms from one at 300 ms, which closed-loop clients cannot. The best screened (_screen_key) is searched from its
         screening run. A challenger that failed a rate the leader held is dropped (latency only grows with the rate); the
         others start a rung above the leader's capacity (one run says whether they can win) and stop once they fail the
@@ -232,10 +232,12 @@ class OpenLoopStage:
         with Screening(self, rung(rung_of(self.closed_seed(best, self.budget)))) as screen:
             screen.take(best)
             screen.take(self._finalist(self._farthest_layout(best.point)))
-            other = next((v for v in self.run.ranked() if batching(v.point) != batching(best.point)), None)
+            other = next((v.point for v in self.run.ranked() if batching(v.point) != batching(best.point)), None)
+            if other is None and best.point.max_batch_size > 1:  # the pass measured no other batching: none at all
+                other = replace(best.point, max_batch_size=1, preferred=(), queue_delay_us=0)
             if other is not None and screen.leader is not None:
                 n, threads = layout(screen.leader.point)
-                screen.take(self._finalist(replace(other.point, instances=n, threads=threads)))
+                screen.take(self._finalist(replace(other, instances=n, threads=threads)))
             lead = screen.search_leader()
         screened = screen.screened
         if not screened:
