@@ -81,7 +81,7 @@ def main() -> int:
         if name not in MODELS:
             raise Refused(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
         if name == "bert" and not has_transformers():
-            record["models"][name] = {"skipped": "transformers is not installed (pip install transformers)"}
+            record["models"][name] = {"skipped": "transformers is not installed (pip install -e '.[benchmarks]')"}
             print(f"skipped {name}: transformers is not installed", flush=True)
             continue
         record["models"][name] = one_model(name, MODELS[name], args.budget_ms, args.rounds, work / name, lines,

@@ -72,7 +72,7 @@ def main() -> int:
     for name in args.models.split(","):
         spec = MODELS[name]
         if spec["mask"] and not has_transformers():
-            print(f"traffic model={name} skipped: transformers is not installed (pip install transformers)", flush=True)
+            print(f"traffic model={name} skipped: transformers is not installed (pip install -e '.[benchmarks]')", flush=True)
             record["models"][name] = {"skipped": "transformers is not installed"}
             continue
         record["models"][name] = one_model(name, spec, loads, args.rounds, work / name, lines)
