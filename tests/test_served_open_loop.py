@@ -346,8 +346,9 @@ class _OneLayoutPass:
     (2, (1, 2), []),  # beside other processes' load one layout is searched (HELD_LAYOUT): nothing more
 ])
 def test_the_best_batcher_is_measured_in_the_farthest_layout_before_the_finalists(cores, layout, asked):
-    """A pass may have measured one layout only, or the other layout with a smaller batcher only (the bundled CNN: max 1 in
-    both, max 2 in one); the best's own batcher in the farthest layout is measured closed-loop, unless it was."""
+    """--rate R without a budget: a pass may have measured one layout only, or the other layout with a smaller batcher
+    only (max 1 in both, max 4 in one); the best's own batcher in the farthest layout is measured closed-loop, unless it
+    was."""
     ranked = [ServedVariant(OperatingPoint(4, (), 1000, 1, cores), "start"), ServedVariant(OperatingPoint(1, (), 0, 1, cores), "coarse")]
     space = SearchSpace(peak=4, largest_fit=64, fixed_max=None, cores=cores, gpu=False, layout=layout)
     for measured in ([], [ServedVariant(OperatingPoint(1, (), 0, cores, 1), "coarse")]):  # no other layout; another batcher in it

@@ -193,39 +193,37 @@ class OpenLoopStage:
         layout may have tried it with a smaller batcher only): under independent arrivals the layout can decide more than
         the batcher, and only a measured variant can be a finalist."""
         ranked = self.run.ranked()
-        twin = self._farthest_layout(ranked[0].point) if ranked else None
-        if twin is None or any(v.point == twin for v in self.run.search.variants):  # measured already, or failed
-            return
+        if ranked and (twin := self._farthest_layout(ranked[0].point)) is not None:
+            self._measured(twin)
+
+    def _measured(self, point: OperatingPoint) -> ServedVariant | None:
+        """`point` measured closed-loop unless the pass did; None when it failed there, fails now or does not fit."""
+        known = next((v for v in self.run.ranked() if v.point == point), None)
+        if known is not None or any(v.point == point for v in self.run.search.variants):
+            return known
         try:
-            self.run.measure([twin], "refine")
+            self.run.measure([point], "refine")
         except OutOfTime:
-            pass
+            return None
+        return next((v for v in self.run.ranked() if v.point == point), None)
 
     def _finalist(self, point: OperatingPoint | None) -> ServedVariant | None:
-        """`point` as a finalist: measured closed-loop unless the pass did (a variant that failed there is none), when its
-        screening run still leaves the leader its search and its claim's half rung."""
+        """`point` as a finalist (_measured), when its screening run still leaves the leader its search and its claim's
+        half rung."""
         if point is None:
             return None
-        known = next((v for v in self.run.ranked() if v.point == point), None)
-        if known is None and any(v.point == point for v in self.run.search.variants):
-            return None
+        known = any(v.point == point for v in self.run.ranked())
         later = (EXPECTED_RUNS - 1 + REFINE_EXPECTED_RUNS) * run_cost_s() + LOAD_S
         if self._out_of_time((0.0 if known else self.run.clock.variant_cost()) + run_cost_s() + LOAD_S + later):
             return None
-        if known is None:
-            try:
-                self.run.measure([point], "refine")
-            except OutOfTime:
-                return None
-            known = next((v for v in self.run.ranked() if v.point == point), None)
-        return known
+        return self._measured(point)
 
     def _highest_capacity(self) -> tuple[ServedVariant, Capacity | None]:
         """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop
         best's batcher in its layout and in the farthest one, then the best other batching (another max or delay; none,
-        when the pass measured no other and the best batches) in the layout that screened better. Each is screened with one run at one rate (the best's seed): one run tells a config at
-        20 ms from one at 300 ms, which closed-loop clients cannot. The best screened (_screen_key) is searched from its
-        screening run. A challenger that failed a rate the leader held is dropped (latency only grows with the rate); the
+        when the pass measured no other and the best batches) in the layout that screened better. Each is screened with
+        one run at one rate (the best's seed): one run tells a config at 20 ms from one at 300 ms, which closed-loop
+        clients cannot. The best screened (_screen_key) is searched from its screening run. A challenger that failed a rate the leader held is dropped (latency only grows with the rate); the
         others start a rung above the leader's capacity (one run says whether they can win) and stop once they fail the
         leader's. Equal capacities go to the lower percentile latency at that rate."""
         best = self.run.ranked()[0]
