@@ -418,8 +418,9 @@ class _StartOnlyRun:
     """A served search whose closed-loop pass measured only its start (a batching config in one 2-thread instance): what
     the stage measures closed-loop joins the ranking; open-loop, `holds(point)` is each config's capacity."""
 
-    def __init__(self, start: OperatingPoint, holds: Callable[[OperatingPoint], float]) -> None:
+    def __init__(self, start: OperatingPoint, holds: Callable[[OperatingPoint], float], server_batch: float | None = None) -> None:
         self.variants = [self._measured(start, "start")]
+        self.variants[0].server_batch = server_batch
         self.search, self.spaces, self.label, self.rates = SimpleNamespace(variants=self.variants), {}, "m", []
         self.clock = SimpleNamespace(passed=lambda seconds=0.0: False, variant_cost=lambda: 10.0)
         self.on_event = lambda event: None
@@ -460,6 +461,26 @@ def test_a_pass_that_measured_no_other_batching_gets_no_batching_in_the_layout_t
     chosen, cap = stage._highest_capacity()
     assert [v.point for v in run.variants[1:]] == [replace(start, instances=2, threads=1), OperatingPoint(1, (), 0, 2, 1)]
     assert chosen.point == OperatingPoint(1, (), 0, 2, 1) and cap.rate_per_s <= 1300.0 < cap.rate_per_s * 2 ** 0.25 * 1.01
+
+
+@pytest.mark.parametrize("server_batch, fixed_max, third", [
+    (2.0, None, OperatingPoint(4, (), 51, 2, 1)),  # the clients filled max 2: max 4, its delay, no preferred size
+    (1.3, None, OperatingPoint(1, (), 0, 2, 1)),  # they did not: no batching, as when the pass measured no other
+    (2.0, 2, OperatingPoint(1, (), 0, 2, 1)),  # the user fixed the max: it is never changed
+])
+def test_a_batcher_the_clients_filled_is_screened_doubled_in_the_layout_that_screened_better(server_batch, fixed_max, third):
+    """The bundled CNN's pass measured max 2 (preferred 2, 51 us) in one 2-thread instance, its batches full (eight
+    clients); open-loop max 4 in two single-thread instances held the most, and the pass never measured it. A batcher
+    the clients filled is doubled for the third finalist, measured closed-loop first; one they did not fill is not."""
+    start = OperatingPoint(2, (2,), 51, 1, 2)
+    run = _StartOnlyRun(start, lambda p: (500.0 if p.instances == 1 else 1000.0) * (1.3 if p.max_batch_size == 4 else 1.0),
+                        server_batch=server_batch)
+    stage = OpenLoopStage(run, SimpleNamespace(percentile=95, latency_budget_ms=20.0, rate_objective=True, arrivals="poisson"), None,
+                          SearchSpace(peak=2, largest_fit=64, fixed_max=fixed_max, cores=2, gpu=False))
+    chosen, cap = stage._highest_capacity()
+    assert [v.point for v in run.variants[1:]] == [replace(start, instances=2, threads=1), third]
+    assert chosen.point == (third if third.max_batch_size == 4 else replace(start, instances=2, threads=1))
+    assert cap.rate_per_s <= run.holds(chosen.point) < cap.rate_per_s * 2 ** 0.25 * 1.01
 
 
 def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):

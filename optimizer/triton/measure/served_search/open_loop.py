@@ -2,14 +2,16 @@
 
 Closed-loop clients never queue more requests than there are clients, so the closed-loop pass only picks the batchers.
 With a latency budget the finalists are two batchers in two instance layouts (requests side by side, or one at a time
-with more threads): the closed-loop best's batcher in its layout and in the farthest one, then the best other batching
-(a queue delay that is a cost for a lone client absorbs the bursts of independent arrivals) in the layout that screened
-better. Each is screened with one run at one rate, the best screened is driven open-loop at rates on one grid
-(measure/capacity.py) and the others challenge it; the highest capacity wins (equal capacities: the lower percentile
-latency at that rate). With --rate R and no budget, the closed-loop best, the best with another layout and the best that
-batches differently are driven at R: the lowest percentile latency among those that keep up with R wins. With a latency
-budget alone (no rate) the choice stays closed-loop and only the published config's capacity is measured, for the
-report. Finalists compare rung for rung; the published config's claim is then refined to the half rung above it.
+with more threads): the closed-loop best's batcher in its layout and in the farthest one, then, in the layout that
+screened better, its max doubled when its closed-loop batches filled it (N waiting clients never queue more than N
+requests: whether bursts fill a larger batch shows only open-loop), else the best other batching (a queue delay that is
+a cost for a lone client absorbs the bursts of independent arrivals). Each is screened with one run at one rate, the
+best screened is driven open-loop at rates on one grid (measure/capacity.py) and the others challenge it; the highest
+capacity wins (equal capacities: the lower percentile latency at that rate). With --rate R and no budget, the
+closed-loop best, the best with another layout and the best that batches differently are driven at R: the lowest
+percentile latency among those that keep up with R wins. With a latency budget alone (no rate) the choice stays
+closed-loop and only the published config's capacity is measured, for the report. Finalists compare rung for rung; the
+published config's claim is then refined to the half rung above it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from optimizer.triton.measure.served_search.points import SearchSpace, layouts
 from optimizer.triton.runtime.perf_analyzer_rate import RATE_WINDOW_MS, RATE_WINDOWS, rate_window_ms
 
 FINALISTS = 3
-"""Variants measured open-loop at most: with a budget the best's batcher in two layouts and another batching; with a rate
-alone the closed-loop best, the best with another instance layout, the best that batches differently."""
+"""Variants measured open-loop at most: with a budget the best's batcher in two layouts and a larger or another batching;
+with a rate alone the closed-loop best, the best with another instance layout, the best that batches differently."""
+FILLED = 0.9
+"""A batcher whose closed-loop batches average this share of its max or more is full: the clients filled it, so the
+question open-loop is whether bursts fill a larger one."""
 RUN_OVERHEAD_S = 1.5
 """perf_analyzer's start and exit around an open-loop run's windows."""
 EXPECTED_RUNS = 4
@@ -218,19 +223,33 @@ class OpenLoopStage:
             return None
         return self._measured(point)
 
+    def _larger_batcher(self, best: ServedVariant) -> OperatingPoint | None:
+        """The best's max doubled (within the largest batch that fit; no preferred sizes, its queue delay) when its
+        closed-loop batches filled it; None when they did not, the user fixed the max, or it cannot grow. Closed-loop
+        clients cap the batches the pass sees: a batcher they filled ranks above larger ones that bursts would fill too."""
+        point, space = best.point, self.run.spaces.get(best.point.candidate, self.space)
+        if point.max_batch_size <= 1 or space.fixed_max or (best.server_batch or 0.0) < FILLED * point.max_batch_size:
+            return None
+        larger = min(2 * point.max_batch_size, space.largest_fit)
+        return replace(point, max_batch_size=larger, preferred=()) if larger > point.max_batch_size else None
+
     def _highest_capacity(self) -> tuple[ServedVariant, Capacity | None]:
         """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop
-        best's batcher in its layout and in the farthest one, then the best other batching (another max or delay; none,
-        when the pass measured no other and the best batches) in the layout that screened better. Each is screened with
-        one run at one rate (the best's seed): one run tells a config at 20 ms from one at 300 ms, which closed-loop
-        clients cannot. The best screened (_screen_key) is searched from its screening run. A challenger that failed a rate the leader held is dropped (latency only grows with the rate); the
-        others start a rung above the leader's capacity (one run says whether they can win) and stop once they fail the
-        leader's. Equal capacities go to the lower percentile latency at that rate."""
+        best's batcher in its layout and in the farthest one, then in the layout that screened better the best's max
+        doubled when its batches filled it (_larger_batcher), else the best other batching (another max or delay; none,
+        when the pass measured no other and the best batches). Each is screened with one run at one rate (the best's
+        seed): one run tells a config at 20 ms from one at 300 ms, which closed-loop clients cannot. The best screened
+        (_screen_key) is searched from its screening run. A challenger that failed a rate the leader held is dropped
+        (latency only grows with the rate); the others start a rung above the leader's capacity (one run says whether
+        they can win) and stop once they fail the leader's. Equal capacities go to the lower percentile latency at that
+        rate."""
         best = self.run.ranked()[0]
         with Screening(self, rung(rung_of(self.closed_seed(best, self.budget)))) as screen:
             screen.take(best)
             screen.take(self._finalist(self._farthest_layout(best.point)))
-            other = next((v.point for v in self.run.ranked() if batching(v.point) != batching(best.point)), None)
+            other = self._larger_batcher(best)
+            if other is None:
+                other = next((v.point for v in self.run.ranked() if batching(v.point) != batching(best.point)), None)
             if other is None and best.point.max_batch_size > 1:  # the pass measured no other batching: none at all
                 other = replace(best.point, max_batch_size=1, preferred=(), queue_delay_us=0)
             if other is not None and screen.leader is not None:
