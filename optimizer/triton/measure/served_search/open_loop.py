@@ -3,15 +3,16 @@
 Closed-loop clients never queue more requests than there are clients, so the closed-loop pass only picks the batchers.
 With a latency budget the finalists are two batchers in two instance layouts (requests side by side, or one at a time
 with more threads): the closed-loop best's batcher in its layout and in the farthest one, then, in the layout that
-screened better, its max doubled when its closed-loop batches filled it (N waiting clients never queue more than N
-requests: whether bursts fill a larger batch shows only open-loop), else the best other batching (a queue delay that is
-a cost for a lone client absorbs the bursts of independent arrivals). Each is screened with one run at one rate, the
-best screened is driven open-loop at rates on one grid (measure/capacity.py) and the others challenge it; the highest
-capacity wins (equal capacities: the lower percentile latency at that rate). With --rate R and no budget, the
-closed-loop best, the best with another layout and the best that batches differently are driven at R: the lowest
-percentile latency among those that keep up with R wins. With a latency budget alone (no rate) the choice stays
-closed-loop and only the published config's capacity is measured, for the report. Finalists compare rung for rung; the
-published config's claim is then refined to the half rung above it.
+screened better, a larger max when the best batches and its closed-loop batches filled it (N waiting clients never queue
+more than N requests: whether bursts fill a larger batch shows only open-loop), else the best other batching (a queue
+delay that is a cost for a lone client absorbs the bursts of independent arrivals; for a best of max 1 that the pass
+measured no batching beside, a larger max). Each is screened with one run at one rate, the best screened is driven
+open-loop at rates on one grid (measure/capacity.py) and the others challenge it; the highest capacity wins (equal
+capacities: the lower percentile latency at that rate). With --rate R and no budget, the closed-loop best, the best with
+another layout and the best that batches differently are driven at R: the lowest percentile latency among those that
+keep up with R wins. With a latency budget alone (no rate) the choice stays closed-loop and only the published config's
+capacity is measured, for the report. Finalists compare rung for rung; the published config's claim is then refined to
+the half rung above it.
 """
 
 from __future__ import annotations
@@ -223,38 +224,48 @@ class OpenLoopStage:
             return None
         return self._measured(point)
 
-    def _larger_batcher(self, best: ServedVariant) -> OperatingPoint | None:
-        """The best's max doubled (within the largest batch that fit; no preferred sizes, its queue delay) when its
-        closed-loop batches filled it; None when they did not, the user fixed the max, or it cannot grow. Closed-loop
-        clients cap the batches the pass sees: a batcher they filled ranks above larger ones that bursts would fill too."""
+    def _other_batcher(self, best: ServedVariant, instances: int) -> OperatingPoint | None:
+        """The third finalist's batcher. For a best that batches: a larger max when its batches filled it, else the best
+        other batching of its model file the pass measured, else none at all (max 1). For a best that does not (max 1):
+        the best batching of its model file the pass measured, else a larger max (the pass may have measured max 1
+        only, in both layouts, when another kind's candidates took its time)."""
+        other = next((v.point for v in self.run.ranked()
+                      if v.point.candidate == best.point.candidate and batching(v.point) != batching(best.point)), None)
+        larger = self._larger_batcher(best, instances)
+        if best.point.max_batch_size == 1:
+            return other or larger
+        return larger or other or replace(best.point, max_batch_size=1, preferred=(), queue_delay_us=0)
+
+    def _larger_batcher(self, best: ServedVariant, instances: int) -> OperatingPoint | None:
+        """A larger max for the best's batcher when its closed-loop batches filled it (max 1 always does): twice its max,
+        at least the batch its clients could form in each of `instances` (no preferred sizes, its queue delay, within
+        the largest batch that fit). None when they did not fill it, the user fixed the max, or it cannot grow.
+        Closed-loop clients cap the batches the pass sees: a batcher they filled ranks above larger ones that bursts of
+        independent arrivals would fill too."""
         point, space = best.point, self.run.spaces.get(best.point.candidate, self.space)
-        if point.max_batch_size <= 1 or space.fixed_max or (best.server_batch or 0.0) < FILLED * point.max_batch_size:
+        m = point.max_batch_size
+        if not space.batching or space.fixed_max or m < 1 or (m > 1 and (best.server_batch or 0.0) < FILLED * m):
             return None
-        larger = min(2 * point.max_batch_size, space.largest_fit)
-        return replace(point, max_batch_size=larger, preferred=()) if larger > point.max_batch_size else None
+        larger = min(max(2 * m, -(-(best.concurrency or 0) // max(1, instances))), space.largest_fit)
+        return replace(point, max_batch_size=larger, preferred=()) if larger > m else None
 
     def _highest_capacity(self) -> tuple[ServedVariant, Capacity | None]:
-        """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop
-        best's batcher in its layout and in the farthest one, then in the layout that screened better the best's max
-        doubled when its batches filled it (_larger_batcher), else the best other batching (another max or delay; none,
-        when the pass measured no other and the best batches). Each is screened with one run at one rate (the best's
-        seed): one run tells a config at 20 ms from one at 300 ms, which closed-loop clients cannot. The best screened
-        (_screen_key) is searched from its screening run. A challenger that failed a rate the leader held is dropped
-        (latency only grows with the rate); the others start a rung above the leader's capacity (one run says whether
-        they can win) and stop once they fail the leader's. Equal capacities go to the lower percentile latency at that
-        rate."""
+        """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop best's
+        batcher in its layout and in the farthest one, then another batcher in the layout that screened better
+        (_other_batcher: a larger max when the best's batches filled it, or another batching). Each is screened with one
+        run at one rate (the best's seed): one run tells a config at 20 ms from one at 300 ms, which closed-loop clients
+        cannot. The best screened (_screen_key) is searched from its screening run. A challenger that failed a rate the
+        leader held is dropped (latency only grows with the rate); the others start a rung above the leader's capacity
+        (one run says whether they can win) and stop once they fail the leader's. Equal capacities go to the lower
+        percentile latency at that rate."""
         best = self.run.ranked()[0]
         with Screening(self, rung(rung_of(self.closed_seed(best, self.budget)))) as screen:
             screen.take(best)
             screen.take(self._finalist(self._farthest_layout(best.point)))
-            other = self._larger_batcher(best)
-            if other is None:
-                other = next((v.point for v in self.run.ranked() if batching(v.point) != batching(best.point)), None)
-            if other is None and best.point.max_batch_size > 1:  # the pass measured no other batching: none at all
-                other = replace(best.point, max_batch_size=1, preferred=(), queue_delay_us=0)
-            if other is not None and screen.leader is not None:
+            if screen.leader is not None:
                 n, threads = layout(screen.leader.point)
-                screen.take(self._finalist(replace(other, instances=n, threads=threads)))
+                if (third := self._other_batcher(best, n)) is not None:
+                    screen.take(self._finalist(replace(third, instances=n, threads=threads)))
             lead = screen.search_leader()
         screened = screen.screened
         if not screened:
