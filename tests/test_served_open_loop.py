@@ -418,10 +418,9 @@ class _StartOnlyRun:
     """A served search whose closed-loop pass measured only its start (a batching config in one 2-thread instance): what
     the stage measures closed-loop joins the ranking; open-loop, `holds(point)` is each config's capacity."""
 
-    def __init__(self, start: OperatingPoint, holds: Callable[[OperatingPoint], float], server_batch: float | None = None,
-                 concurrency: int | None = None) -> None:
+    def __init__(self, start: OperatingPoint, holds: Callable[[OperatingPoint], float], server_batch: float | None = None) -> None:
         self.variants = [self._measured(start, "start")]
-        self.variants[0].server_batch, self.variants[0].concurrency = server_batch, concurrency
+        self.variants[0].server_batch = server_batch
         self.search, self.spaces, self.label, self.rates = SimpleNamespace(variants=self.variants), {}, "m", []
         self.clock = SimpleNamespace(passed=lambda seconds=0.0: False, variant_cost=lambda: 10.0)
         self.on_event = lambda event: None
@@ -468,16 +467,15 @@ def test_a_pass_that_measured_no_other_batching_gets_no_batching_in_the_layout_t
     (OperatingPoint(2, (2,), 51, 1, 2), 2.0, None, OperatingPoint(4, (), 51, 2, 1)),  # eight clients filled max 2: max 4
     (OperatingPoint(2, (2,), 51, 1, 2), 1.3, None, OperatingPoint(1, (), 0, 2, 1)),  # they did not: no batching
     (OperatingPoint(2, (2,), 51, 1, 2), 2.0, 2, OperatingPoint(1, (), 0, 2, 1)),  # the user fixed the max: never changed
-    (OperatingPoint(1, (), 0, 1, 2), 1.0, None, OperatingPoint(4, (), 0, 2, 1)),  # max 1 alone: the batch 8 clients form in 2
+    (OperatingPoint(1, (), 0, 1, 2), 1.0, None, OperatingPoint(4, (), 0, 2, 1)),  # max 1 alone: max 4 (BURST_QUEUE)
 ])
 def test_a_batcher_the_clients_filled_is_screened_larger_in_the_layout_that_screened_better(start, server_batch, fixed_max, third):
     """The bundled CNN's pass measured max 2 (preferred 2, 51 us) in one 2-thread instance, its batches full at eight
     clients, or max 1 only, in both layouts, when the other kind's candidates took its time; open-loop max 4 in two
     single-thread instances held the most, and the pass never measured it. A batcher the clients filled grows for the
-    third finalist (twice its max, at least the batch its clients form per instance), measured closed-loop first; one
-    they did not fill does not."""
+    third finalist (twice its max, at least 4), measured closed-loop first; one they did not fill does not."""
     run = _StartOnlyRun(start, lambda p: (500.0 if p.instances == 1 else 1000.0) * (1.3 if p.max_batch_size == 4 else 1.0),
-                        server_batch=server_batch, concurrency=8)
+                        server_batch=server_batch)
     stage = OpenLoopStage(run, SimpleNamespace(percentile=95, latency_budget_ms=20.0, rate_objective=True, arrivals="poisson"), None,
                           SearchSpace(peak=2, largest_fit=64, fixed_max=fixed_max, cores=2, gpu=False))
     chosen, cap = stage._highest_capacity()

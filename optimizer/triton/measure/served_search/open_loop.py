@@ -36,6 +36,9 @@ with a rate alone the closed-loop best, the best with another instance layout, t
 FILLED = 0.9
 """A batcher whose closed-loop batches average this share of its max or more is full: the clients filled it, so the
 question open-loop is whether bursts fill a larger one."""
+BURST_QUEUE = 4
+"""Requests a server's queue holds on average at 90% utilisation under Poisson arrivals (M/D/1: rho^2 / (2 (1 - rho)),
+4.05): the least max a larger batcher gets, one that the bursts near capacity fill."""
 RUN_OVERHEAD_S = 1.5
 """perf_analyzer's start and exit around an open-loop run's windows."""
 EXPECTED_RUNS = 4
@@ -224,29 +227,28 @@ class OpenLoopStage:
             return None
         return self._measured(point)
 
-    def _other_batcher(self, best: ServedVariant, instances: int) -> OperatingPoint | None:
+    def _other_batcher(self, best: ServedVariant) -> OperatingPoint | None:
         """The third finalist's batcher. For a best that batches: a larger max when its batches filled it, else the best
         other batching of its model file the pass measured, else none at all (max 1). For a best that does not (max 1):
         the best batching of its model file the pass measured, else a larger max (the pass may have measured max 1
         only, in both layouts, when another kind's candidates took its time)."""
         other = next((v.point for v in self.run.ranked()
                       if v.point.candidate == best.point.candidate and batching(v.point) != batching(best.point)), None)
-        larger = self._larger_batcher(best, instances)
+        larger = self._larger_batcher(best)
         if best.point.max_batch_size == 1:
             return other or larger
         return larger or other or replace(best.point, max_batch_size=1, preferred=(), queue_delay_us=0)
 
-    def _larger_batcher(self, best: ServedVariant, instances: int) -> OperatingPoint | None:
+    def _larger_batcher(self, best: ServedVariant) -> OperatingPoint | None:
         """A larger max for the best's batcher when its closed-loop batches filled it (max 1 always does): twice its max,
-        at least the batch its clients could form in each of `instances` (no preferred sizes, its queue delay, within
-        the largest batch that fit). None when they did not fill it, the user fixed the max, or it cannot grow.
-        Closed-loop clients cap the batches the pass sees: a batcher they filled ranks above larger ones that bursts of
-        independent arrivals would fill too."""
+        at least BURST_QUEUE (no preferred sizes, its queue delay, within the largest batch that fit). None when they did
+        not fill it, the user fixed the max, or it cannot grow. Closed-loop clients cap the batches the pass sees: a
+        batcher they filled ranks above larger ones that bursts of independent arrivals would fill too."""
         point, space = best.point, self.run.spaces.get(best.point.candidate, self.space)
         m = point.max_batch_size
         if not space.batching or space.fixed_max or m < 1 or (m > 1 and (best.server_batch or 0.0) < FILLED * m):
             return None
-        larger = min(max(2 * m, -(-(best.concurrency or 0) // max(1, instances))), space.largest_fit)
+        larger = min(max(2 * m, BURST_QUEUE), space.largest_fit)
         return replace(point, max_batch_size=larger, preferred=()) if larger > m else None
 
     def _highest_capacity(self) -> tuple[ServedVariant, Capacity | None]:
@@ -264,7 +266,7 @@ class OpenLoopStage:
             screen.take(self._finalist(self._farthest_layout(best.point)))
             if screen.leader is not None:
                 n, threads = layout(screen.leader.point)
-                if (third := self._other_batcher(best, n)) is not None:
+                if (third := self._other_batcher(best)) is not None:
                     screen.take(self._finalist(replace(third, instances=n, threads=threads)))
             lead = screen.search_leader()
         screened = screen.screened
