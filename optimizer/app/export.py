@@ -37,9 +37,10 @@ SERVE_SEARCH_SHARE = 0.4
 MIN_SERVE_SEARCH_S = 90.0
 """Without --serve-search-seconds the search may take 40% of the tuning time, at least 90 s: enough for the coarse pass and
 a refinement of a small model; a larger model's tuning time buys its search more."""
-RATE_SEARCH_EXTRA = 1.4
-"""With --rate the default budget is 40% longer: the finalists' open-loop runs (several seconds each: a screening run each,
-the capacities, the claim's half rung) come on top of a closed-loop pass that still needs its coarse grid."""
+RATE_SEARCH_EXTRA = 1.5
+"""With --rate the default budget is 50% longer: the finalists' open-loop runs (several seconds each: a screening run and
+a challenging run each, the capacities, the claim's half rung) come on top of a closed-loop pass that still needs its
+coarse grid."""
 
 
 @dataclass

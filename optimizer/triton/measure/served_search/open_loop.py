@@ -44,9 +44,6 @@ RUN_OVERHEAD_S = 1.5
 EXPECTED_RUNS = 4
 """Runs a finalist's capacity usually takes from its closed-loop seed, its bounding failure confirmed (the reserve is
 planned on it)."""
-CHALLENGER_RUNS = 2
-"""Runs a challenger that held its screen and loses usually takes: a rung above the leader's capacity, then the leader's
-own (the search stops below it)."""
 LOAD_S = 3.0
 """Loading and warming a finalist again."""
 REFINE_EXPECTED_RUNS = 2
@@ -61,12 +58,13 @@ def run_cost_s() -> float:
 def open_loop_reserve(rate_objective: bool, variant_cost_s: float = 0.0) -> float:
     """Seconds the closed-loop exploration leaves for this stage: the published config's capacity; under a rate objective
     the other finalists' screening runs and two closed-loop variants (`variant_cost_s` each: finalists the pass did not
-    measure), one run of a challenger that held its screen (another is measured only when time is left); then the
-    published claim's half rung (the finalist loaded again under a rate objective). Closed-loop time picks the batchers:
-    a reserve that leaves the pass one or two variants leaves it little to offer."""
+    measure), one run of each challenger that held its screen (a rung above the leader's capacity: whether it can win;
+    more only when time is left); then the published claim's half rung (the finalist loaded again under a rate
+    objective). Closed-loop time picks the batchers: a reserve that leaves the pass one or two variants leaves it little
+    to offer."""
     if not rate_objective:
         return EXPECTED_RUNS * run_cost_s() + LOAD_S + REFINE_EXPECTED_RUNS * run_cost_s()
-    runs = EXPECTED_RUNS + (FINALISTS - 1) + 1 + REFINE_EXPECTED_RUNS
+    runs = EXPECTED_RUNS + 2 * (FINALISTS - 1) + REFINE_EXPECTED_RUNS
     return runs * run_cost_s() + (FINALISTS + 2) * LOAD_S + 2 * variant_cost_s
 
 
@@ -273,10 +271,10 @@ class OpenLoopStage:
         if not screened:
             return best, None
         leader = screened[0][0]
-        for k, (v, level) in enumerate(screened[1:], start=1):
+        for v, level in screened[1:]:
             if not level.held and screened[0][1].held:
                 break  # it fails a rate the leader holds: it cannot win (sorted: nor can the rest)
-            if self._out_of_time((CHALLENGER_RUNS if k > 1 else 1) * run_cost_s() + LOAD_S):
+            if self._out_of_time(run_cost_s() + LOAD_S):
                 break
             if lead is not None and lead.rate_per_s:
                 seed, floor = rung(rung_of(lead.rate_per_s) + 1), lead.rate_per_s
