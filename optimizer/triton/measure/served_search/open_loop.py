@@ -250,8 +250,8 @@ class OpenLoopStage:
         return replace(point, max_batch_size=larger, preferred=()) if larger > m else None
 
     def _highest_capacity(self) -> tuple[ServedVariant, Capacity | None]:
-        """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop best's
-        batcher in its layout and in the farthest one, then another batcher in the layout that screened better
+        """Highest capacity within the budget. The finalists are two batchers in two instance layouts: the closed-loop
+        best's batcher in its layout and in the farthest one, then another batcher in the layout that screened better
         (_other_batcher: a larger max when the best's batches filled it, or another batching). Each is screened with one
         run at one rate (the best's seed): one run tells a config at 20 ms from one at 300 ms, which closed-loop clients
         cannot. The best screened (_screen_key) is searched from its screening run. A challenger that failed a rate the
