@@ -19,7 +19,7 @@ from optimizer.records.served_search import LoadLevel, OperatingPoint, ServedVar
 from optimizer.settings import ExportSettings
 from optimizer.triton.measure.capacity import find_capacity, refine, rung, rung_of
 from optimizer.triton.measure.served_search import SearchRequest
-from optimizer.triton.measure.served_search.open_loop import OpenLoopStage, finalists
+from optimizer.triton.measure.served_search.open_loop import LOAD_S, OpenLoopStage, finalists, open_loop_reserve, run_cost_s
 from optimizer.triton.measure.served_search.points import SearchSpace
 from optimizer.triton.runtime.perf_analyzer_rate import arrival_gaps_us, mean_rate, parse_rate_csv, trace_gaps_us
 from test_served_search import _Bench, _Rig, _run
@@ -482,6 +482,53 @@ def test_a_batcher_the_clients_filled_is_screened_larger_in_the_layout_that_scre
     assert [v.point for v in run.variants[1:]] == [replace(start, instances=2, threads=1), third]
     assert chosen.point == (third if third.max_batch_size == 4 else replace(start, instances=2, threads=1))
     assert cap.rate_per_s <= run.holds(chosen.point) < cap.rate_per_s * 2 ** 0.25 * 1.01
+
+
+class _TimedRun(_StartOnlyRun):
+    """A _StartOnlyRun whose stage starts with `left` seconds: each open-loop run, load and closed-loop variant spends
+    what the reserve plans for it."""
+
+    def __init__(self, start: OperatingPoint, rate: Callable[[OperatingPoint, float], RateLevel], left: float) -> None:
+        super().__init__(start, lambda p: 0.0, server_batch=float(start.max_batch_size))
+        self.left, self.level_at = left, rate
+        self.clock = SimpleNamespace(passed=lambda seconds=0.0: seconds > self.left, variant_cost=lambda: 10.0)
+
+    def measure(self, points: list[OperatingPoint], stage: str) -> list[ServedVariant]:
+        self.left -= 10.0 * len(points)
+        return super().measure(points, stage)
+
+    @contextmanager
+    def _loaded(self, point: OperatingPoint):
+        self.left -= LOAD_S
+        yield point
+
+    def _rate(self, point: OperatingPoint, offered: float) -> RateLevel:
+        self.left -= run_cost_s()
+        self.rates.append((point, offered))
+        return self.level_at(point, offered)
+
+
+def test_within_the_reserve_every_finalist_that_held_its_screen_gets_a_run_above_the_leaders_capacity():
+    """The bundled CNN at 46cb4d3: max 4, the larger batcher, held its screen but more slowly than max 2 in either layout
+    (larger batches cost at a low rate) and holds the most; the reserve paid for one challenger's run, max 2 in the other
+    layout took it, and max 4 was never driven above the screening rate. With the time the reserve plans, each
+    challenger that held its screen gets its run a rung above the leader's capacity, and max 4 is published."""
+    start = OperatingPoint(2, (2,), 51, 1, 2)
+    seed = rung(rung_of(OpenLoopStage(_StartOnlyRun(start, lambda p: 0.0), SimpleNamespace(percentile=95, latency_budget_ms=20.0),
+                                      None, None).closed_seed(_StartOnlyRun._measured(start, "start"), 20.0)))
+    holds = {(2, 2): 1.2 * seed, (2, 1): 1.1 * seed, (4, 2): 1.6 * seed}  # (max, instances) -> capacity
+    screen_ms = {(2, 2): 5.0, (2, 1): 10.0, (4, 2): 15.0}
+
+    def level_at(point: OperatingPoint, offered: float) -> RateLevel:
+        key = (point.max_batch_size, point.instances)
+        return rate_level(offered, min(offered, 1.1 * holds[key]), screen_ms[key] if offered <= holds[key] else 80.0)
+
+    run = _TimedRun(start, level_at, open_loop_reserve(True, 10.0))
+    stage = OpenLoopStage(run, SimpleNamespace(percentile=95, latency_budget_ms=20.0, rate_objective=True, arrivals="poisson"), None,
+                          SearchSpace(peak=2, largest_fit=64, fixed_max=None, cores=2, gpu=False))
+    chosen, cap = stage._highest_capacity()
+    assert chosen.point == OperatingPoint(4, (), 51, 2, 1) and cap.rate_per_s > 1.2 * seed
+    assert [offered for p, offered in run.rates if p == OperatingPoint(4, (), 51, 2, 1)][:2] == [seed, rung(rung_of(seed) + 2)]
 
 
 def test_a_rate_becomes_replicas_in_the_record(monkeypatch, tmp_path: Path):
