@@ -2,11 +2,7 @@
 
 Closed-loop clients never queue more requests than there are clients, so the closed-loop pass only picks the batchers.
 With a latency budget the finalists are two batchers in two instance layouts (requests side by side, or one at a time
-with more threads): the closed-loop best's batcher in its layout and in the farthest one, then, in the layout that
-screened better, a larger max when the best batches and its closed-loop batches filled it (N waiting clients never queue
-more than N requests: whether bursts fill a larger batch shows only open-loop), else the best other batching (a queue
-delay that is a cost for a lone client absorbs the bursts of independent arrivals; for a best of max 1 that the pass
-measured no batching beside, a larger max). Each is screened with one run at one rate, the best screened is driven
+with more threads; _highest_capacity says which); each is screened with one run at one rate, the best screened is driven
 open-loop at rates on one grid (measure/capacity.py) and the others challenge it; the highest capacity wins (equal
 capacities: the lower percentile latency at that rate). With --rate R and no budget, the closed-loop best, the best with
 another layout and the best that batches differently are driven at R: the lowest percentile latency among those that
@@ -226,10 +222,9 @@ class OpenLoopStage:
         return self._measured(point)
 
     def _other_batcher(self, best: ServedVariant) -> OperatingPoint | None:
-        """The third finalist's batcher. For a best that batches: a larger max when its batches filled it, else the best
-        other batching of its model file the pass measured, else none at all (max 1). For a best that does not (max 1):
-        the best batching of its model file the pass measured, else a larger max (the pass may have measured max 1
-        only, in both layouts, when another kind's candidates took its time)."""
+        """The third finalist's batcher: for a best that batches, a larger max when its batches filled it, else the best
+        other batching of its model file the pass measured, else max 1; for a best of max 1, that other batching first, then
+        the larger max (the pass may have measured max 1 only, when another kind's candidates took its time)."""
         other = next((v.point for v in self.run.ranked()
                       if v.point.candidate == best.point.candidate and batching(v.point) != batching(best.point)), None)
         larger = self._larger_batcher(best)
@@ -238,10 +233,9 @@ class OpenLoopStage:
         return larger or other or replace(best.point, max_batch_size=1, preferred=(), queue_delay_us=0)
 
     def _larger_batcher(self, best: ServedVariant) -> OperatingPoint | None:
-        """A larger max for the best's batcher when its closed-loop batches filled it (max 1 always does): twice its max,
-        at least BURST_QUEUE (no preferred sizes, its queue delay, within the largest batch that fit). None when they did
-        not fill it, the user fixed the max, or it cannot grow. Closed-loop clients cap the batches the pass sees: a
-        batcher they filled ranks above larger ones that bursts of independent arrivals would fill too."""
+        """Twice the best's max, at least BURST_QUEUE (no preferred sizes, its delay, within the largest batch that fit),
+        when its closed-loop batches filled it (max 1 always does) and the user fixed no max: clients cap the batches
+        the pass sees, so a batcher they filled ranks above larger ones that bursts of independent arrivals fill too."""
         point, space = best.point, self.run.spaces.get(best.point.candidate, self.space)
         m = point.max_batch_size
         if not space.batching or space.fixed_max or m < 1 or (m > 1 and (best.server_batch or 0.0) < FILLED * m):
@@ -262,10 +256,9 @@ class OpenLoopStage:
         with Screening(self, rung(rung_of(self.closed_seed(best, self.budget)))) as screen:
             screen.take(best)
             screen.take(self._finalist(self._farthest_layout(best.point)))
-            if screen.leader is not None:
+            if screen.leader is not None and (third := self._other_batcher(best)) is not None:
                 n, threads = layout(screen.leader.point)
-                if (third := self._other_batcher(best)) is not None:
-                    screen.take(self._finalist(replace(third, instances=n, threads=threads)))
+                screen.take(self._finalist(replace(third, instances=n, threads=threads)))
             lead = screen.search_leader()
         screened = screen.screened
         if not screened:
